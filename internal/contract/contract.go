@@ -1,0 +1,332 @@
+package contract
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Header names.
+const (
+	// HeaderWorkerToken carries a request token (control plane → worker) or a
+	// WorkerToken (worker → gateway-proxy and reporting endpoints).
+	HeaderWorkerToken = "X-Worker-Token"
+	// HeaderLastEventID is the SSE resume header (WHATWG HTML, server-sent events).
+	HeaderLastEventID = "Last-Event-ID"
+)
+
+// Worker HTTP API paths, relative to the worker's base URL. {id} is a
+// conversation id (see ValidConversationID).
+const (
+	PathSession   = "/v1/conversations/{id}/session"   // POST CreateSessionRequest → 200 SessionStatus
+	PathMessages  = "/v1/conversations/{id}/messages"  // POST SendMessageRequest → 202 SendMessageResponse
+	PathInterrupt = "/v1/conversations/{id}/interrupt" // POST → 202 InterruptResponse
+	PathStop      = "/v1/conversations/{id}/stop"      // POST → 200 SessionStatus
+	PathStatus    = "/v1/conversations/{id}"           // GET → 200 SessionStatus
+	PathEvents    = "/v1/conversations/{id}/events"    // GET → text/event-stream of Event
+)
+
+// Control-plane paths the worker calls.
+const (
+	// PathMint is the mint endpoint: Authorization: Bearer <identity token>,
+	// body MintRequest, answer MintResponse.
+	PathMint = "/api/v1/worker-gateway/token/mint"
+	// PathGatewayPrefix is the gateway-proxy prefix; the rest of the path
+	// is forwarded to the Anthropic-compatible upstream (e.g. /v1/messages).
+	PathGatewayPrefix = "/api/internal/gateway/anthropic"
+	// PathReportPrefix is the prefix of the worker reporting endpoints.
+	PathReportPrefix = "/api/internal/worker"
+)
+
+var conversationIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+
+// ErrInvalidConversationID is returned by ValidConversationID.
+var ErrInvalidConversationID = errors.New("invalid conversation id")
+
+// ValidConversationID checks that id is 1–64 characters of [A-Za-z0-9_-],
+// not starting with '_' or '-'. Conversation ids appear in paths and file
+// names, so nothing else is accepted.
+func ValidConversationID(id string) error {
+	if !conversationIDRe.MatchString(id) {
+		return fmt.Errorf("%w: %q", ErrInvalidConversationID, id)
+	}
+	return nil
+}
+
+// ErrorBody is the JSON body of every error answer of the browser API, the
+// worker API, the mint endpoint and the reporting endpoints:
+//
+//	{"error":{"type":"not_found","message":"conversation not found"}}
+//
+// The gateway-proxy answers in Anthropic's error envelope instead, because
+// Anthropic clients parse that.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inside of ErrorBody. Type is one of the ErrorType
+// constants; Message is safe to show to a user.
+type ErrorDetail struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// Error types used in ErrorDetail.Type, with the HTTP status they go with.
+const (
+	ErrTypeInvalidRequest = "invalid_request"    // 400
+	ErrTypeUnauthorized   = "unauthorized"       // 401
+	ErrTypeForbidden      = "forbidden"          // 403
+	ErrTypeNotFound       = "not_found"          // 404
+	ErrTypeMethod         = "method_not_allowed" // 405
+	ErrTypeConflict       = "conflict"           // 409
+	ErrTypeTooLarge       = "request_too_large"  // 413
+	ErrTypeUnsupported    = "unsupported_media"  // 415
+	ErrTypeRateLimited    = "rate_limited"       // 429
+	ErrTypeInternal       = "internal_error"     // 500
+	ErrTypeUnavailable    = "unavailable"        // 503
+	ErrTypeUpstream       = "upstream_error"     // 502
+	ErrTypeTimeout        = "timeout"            // 504
+)
+
+// CreateSessionRequest creates a conversation's session on the worker, or
+// returns the existing one (idempotent).
+type CreateSessionRequest struct {
+	// UserID is the platform user the conversation belongs to.
+	UserID string `json:"user_id"`
+	// Model optionally selects the model (a Claude Code --model value);
+	// empty means the worker's default.
+	Model string `json:"model,omitempty"`
+}
+
+// SessionState is the state of a conversation's session on the worker.
+type SessionState string
+
+const (
+	// StateIdle: no turn runs; a CLI process may or may not be alive.
+	StateIdle SessionState = "idle"
+	// StateRunning: a turn runs.
+	StateRunning SessionState = "running"
+	// StateStopped: the session was stopped by a Stop command; a new message
+	// starts it again.
+	StateStopped SessionState = "stopped"
+)
+
+// SessionStatus describes a conversation's session on the worker.
+type SessionStatus struct {
+	ConversationID string       `json:"conversation_id"`
+	UserID         string       `json:"user_id"`
+	State          SessionState `json:"state"`
+	// SessionID is the Claude Code session id (a UUID), the name of the
+	// transcript file under CLAUDE_CONFIG_DIR/projects.
+	SessionID string `json:"session_id"`
+	// WorkDir is the absolute working directory of the agent.
+	WorkDir string `json:"work_dir"`
+	// ProcessRunning is true while a CLI process is alive for the session.
+	ProcessRunning bool `json:"process_running"`
+	// QueuedMessages is the number of accepted messages whose turn has not started.
+	QueuedMessages int `json:"queued_messages"`
+	// LastEventID is the id of the newest event in the conversation's stream (0: none).
+	LastEventID int64 `json:"last_event_id"`
+}
+
+// SendMessageRequest sends a user message to a conversation.
+type SendMessageRequest struct {
+	// ClientMessageID is chosen by the sender (1–64 characters of
+	// [A-Za-z0-9_-]); a retried send with the same id is accepted again
+	// without running twice.
+	ClientMessageID string `json:"client_message_id"`
+	// UserID is the platform user sending the message; it must match the
+	// session's user when the session exists.
+	UserID string `json:"user_id"`
+	// Text is the message, 1 byte to MaxMessageBytes.
+	Text string `json:"text"`
+}
+
+// MaxMessageBytes bounds SendMessageRequest.Text (256 KiB).
+const MaxMessageBytes = 256 << 10
+
+// SendMessageResponse answers SendMessageRequest with 202 Accepted.
+type SendMessageResponse struct {
+	ClientMessageID string `json:"client_message_id"`
+	// Duplicate is true when the id had been accepted before; nothing new runs.
+	Duplicate bool `json:"duplicate"`
+}
+
+// InterruptResponse answers an interrupt with 202 Accepted.
+type InterruptResponse struct {
+	// Interrupted is true when a running turn was asked to stop; false when
+	// no turn was running (nothing to interrupt).
+	Interrupted bool `json:"interrupted"`
+}
+
+// EventType names an event; it is the SSE "event:" field.
+type EventType string
+
+// Event types. Each has a payload type below; the table in
+// docs/worker-api.md lists them.
+const (
+	EventSessionStarted EventType = "session_started"
+	EventUserMessage    EventType = "user_message"
+	EventTurnStarted    EventType = "turn_started"
+	EventAssistantText  EventType = "assistant_text"
+	EventToolUse        EventType = "tool_use"
+	EventToolResult     EventType = "tool_result"
+	EventAPIRetry       EventType = "api_retry"
+	EventTurnCompleted  EventType = "turn_completed"
+	EventTurnFailed     EventType = "turn_failed"
+	EventError          EventType = "error"
+	EventSessionStopped EventType = "session_stopped"
+)
+
+// Event is one entry of a conversation's event stream. On the wire it is one
+// server-sent event: "id: <ID>", "event: <Type>", "data: <Event as JSON>".
+// IDs are a per-conversation sequence starting at 1, increasing by 1; an event
+// is stored durably before it is streamed.
+type Event struct {
+	ID             int64           `json:"id"`
+	Type           EventType       `json:"type"`
+	ConversationID string          `json:"conversation_id"`
+	Time           time.Time       `json:"time"`
+	Data           json.RawMessage `json:"data"`
+}
+
+// NewEvent builds an event of type t with payload p (marshalled to JSON);
+// the ID is assigned when the event is appended to a log.
+func NewEvent(conversationID string, t EventType, p any) (Event, error) {
+	data, err := json.Marshal(p)
+	if err != nil {
+		return Event{}, fmt.Errorf("marshal %s payload: %w", t, err)
+	}
+	return Event{Type: t, ConversationID: conversationID, Time: time.Now().UTC(), Data: data}, nil
+}
+
+// SessionStarted: a CLI process started (or was resumed) for the conversation.
+type SessionStarted struct {
+	SessionID         string `json:"session_id"`
+	Model             string `json:"model"`
+	WorkDir           string `json:"work_dir"`
+	Resumed           bool   `json:"resumed"`
+	ClaudeCodeVersion string `json:"claude_code_version"`
+}
+
+// UserMessage: a user message was accepted into the conversation.
+type UserMessage struct {
+	ClientMessageID string `json:"client_message_id"`
+	Text            string `json:"text"`
+}
+
+// TurnStarted: the CLI started working on a user message.
+type TurnStarted struct {
+	ClientMessageID string `json:"client_message_id"`
+}
+
+// AssistantText: a text block the model produced.
+type AssistantText struct {
+	// MessageID is the Anthropic message id the block belongs to.
+	MessageID string `json:"message_id"`
+	Text      string `json:"text"`
+}
+
+// ToolUse: the model called a tool.
+type ToolUse struct {
+	ToolUseID string          `json:"tool_use_id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+}
+
+// ToolResult: a tool call finished.
+type ToolResult struct {
+	ToolUseID string `json:"tool_use_id"`
+	// Content is the tool's output as text (text blocks joined by newlines).
+	Content string `json:"content"`
+	IsError bool   `json:"is_error"`
+}
+
+// APIRetry: the CLI is retrying a failed Anthropic API call.
+type APIRetry struct {
+	Attempt    int `json:"attempt"`
+	MaxRetries int `json:"max_retries"`
+	// RetryDelayMS is the wait before the retry, in milliseconds.
+	RetryDelayMS int64 `json:"retry_delay_ms"`
+	// ErrorStatus is the HTTP status of the failed call; 0 when there was
+	// none (connection cut, timeout).
+	ErrorStatus int `json:"error_status"`
+	// Error is the CLI's error class, e.g. "rate_limit", "server_error".
+	Error string `json:"error"`
+}
+
+// Usage counts the tokens of a turn, by kind (Anthropic usage fields).
+type Usage struct {
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+}
+
+// TurnCompleted: the turn ended normally.
+type TurnCompleted struct {
+	ClientMessageID string `json:"client_message_id"`
+	// Result is the final assistant text of the turn.
+	Result string `json:"result"`
+	Usage  Usage  `json:"usage"`
+	// CostNanoUSD is the turn's cost in billionths of a US dollar as the
+	// Claude Code CLI computes it at list price; the gateway's ledger is
+	// authoritative for billing.
+	CostNanoUSD int64 `json:"cost_nano_usd"`
+	// DurationMS is the turn's wall time in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// NumTurns is the number of model calls of the turn.
+	NumTurns   int    `json:"num_turns"`
+	StopReason string `json:"stop_reason"`
+}
+
+// Reasons of TurnFailed.
+const (
+	FailAPIError      = "api_error"      // the Anthropic API (or the gateway) refused or failed for good
+	FailInterrupted   = "interrupted"    // an interrupt stopped the turn
+	FailMaxTurns      = "max_turns"      // the turn hit its model-call limit
+	FailProcessExited = "process_exited" // the CLI process ended without finishing the turn
+	FailStartFailed   = "start_failed"   // the CLI process could not be started
+	FailExecution     = "execution_error"
+)
+
+// TurnFailed: the turn ended without completing.
+type TurnFailed struct {
+	ClientMessageID string `json:"client_message_id"`
+	// Reason is one of the Fail* constants.
+	Reason string `json:"reason"`
+	// Message is a human-readable explanation (for an API error, the CLI's
+	// "API Error: ..." text).
+	Message string `json:"message"`
+	// APIErrorStatus is the HTTP status of a final API error, else 0.
+	APIErrorStatus int   `json:"api_error_status,omitempty"`
+	Usage          Usage `json:"usage"`
+}
+
+// ErrorEvent: something went wrong outside a turn's normal failure path.
+type ErrorEvent struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// SessionStopped: the CLI process of the conversation ended.
+type SessionStopped struct {
+	// Reason: "stopped" (Stop command), "idle" (idle timeout), "exited"
+	// (the process ended on its own), "shutdown" (worker shutdown).
+	Reason   string `json:"reason"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// MintRequest asks the mint endpoint for a WorkerToken.
+type MintRequest struct {
+	ConversationID string `json:"conversation_id"`
+}
+
+// MintResponse carries a WorkerToken for MintRequest.ConversationID.
+type MintResponse struct {
+	Token string `json:"token"`
+	// ExpiresAt is the token's expiry (RFC 3339).
+	ExpiresAt time.Time `json:"expires_at"`
+}
