@@ -1,0 +1,49 @@
+# TalkIDE platform. `make run` starts the whole platform on this machine;
+# `make test` runs every test. Both install what they need first.
+
+SHELL := /bin/bash
+GO ?= go
+# The pinned Claude Code CLI version lives in exactly one place:
+CLAUDE_CODE_VERSION := $(shell cat internal/claudecli/version.txt)
+TOOLS := $(CURDIR)/.tools
+CLAUDE_DIR := $(TOOLS)/claude-code
+CLAUDE_BIN := $(CLAUDE_DIR)/node_modules/.bin/claude
+CLAUDE_STAMP := $(CLAUDE_DIR)/.installed-$(CLAUDE_CODE_VERSION)
+BIN := $(CURDIR)/bin
+
+export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
+
+.PHONY: run test tools build vet fmt-check clean
+
+## tools: install the pinned Claude Code CLI into .tools/ (git-ignored)
+tools: $(CLAUDE_STAMP)
+
+$(CLAUDE_STAMP): internal/claudecli/version.txt
+	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
+	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
+	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
+		--prefix $(CLAUDE_DIR) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+	@v=$$($(CLAUDE_BIN) --version | cut -d' ' -f1); [ "$$v" = "$(CLAUDE_CODE_VERSION)" ] || \
+		{ echo "installed Claude Code CLI is $$v, want $(CLAUDE_CODE_VERSION)" >&2; exit 1; }
+	touch $@
+
+## build: compile every binary into bin/
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## run: the whole platform on this machine (control plane, one worker, dev upstream)
+run: tools build
+	$(BIN)/talkide run
+
+## test: every test, with the race detector, against the real CLI and PostgreSQL
+test: tools vet fmt-check
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
+
+clean:
+	rm -rf $(BIN) .talkide

@@ -1,0 +1,181 @@
+package sessionstore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// FormatVersion is the on-disk format of state.json and events.jsonl. A
+// reader refuses files of another version rather than misread them.
+const FormatVersion = 1
+
+// ErrNotFound is returned for a conversation the store does not hold.
+var ErrNotFound = errors.New("conversation not found")
+
+// ErrFormat is returned for a file of an unknown format version.
+var ErrFormat = errors.New("unsupported on-disk format")
+
+// Meta is a conversation's durable state (state.json).
+type Meta struct {
+	Format         int       `json:"format"`
+	ConversationID string    `json:"conversation_id"`
+	UserID         string    `json:"user_id"`
+	Model          string    `json:"model,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	// SessionID is the Claude Code session id (UUID) of the conversation.
+	SessionID string `json:"session_id"`
+	// WorkDir is the agent's absolute working directory; the same path on
+	// every replica, so the CLI finds its transcript after a move.
+	WorkDir string `json:"work_dir"`
+	// Stopped is set by a Stop command and cleared by the next message.
+	Stopped bool `json:"stopped,omitempty"`
+	// AcceptedMessages are the client message ids accepted so far, newest
+	// last, bounded by MaxAcceptedMessages.
+	AcceptedMessages []string `json:"accepted_messages,omitempty"`
+	// CLITotalCostUSD is the CLI's cumulative session cost at the last result
+	// line (the CLI's own figure, used to derive per-turn cost).
+	CLITotalCostUSD float64 `json:"cli_total_cost_usd,omitempty"`
+}
+
+// MaxAcceptedMessages bounds Meta.AcceptedMessages; a retried send older than
+// that many messages would run again.
+const MaxAcceptedMessages = 10000
+
+// HasAccepted reports whether the client message id was accepted before.
+func (m *Meta) HasAccepted(id string) bool {
+	for i := len(m.AcceptedMessages) - 1; i >= 0; i-- {
+		if m.AcceptedMessages[i] == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Accept records a client message id.
+func (m *Meta) Accept(id string) {
+	m.AcceptedMessages = append(m.AcceptedMessages, id)
+	if n := len(m.AcceptedMessages) - MaxAcceptedMessages; n > 0 {
+		m.AcceptedMessages = append([]string(nil), m.AcceptedMessages[n:]...)
+	}
+}
+
+// Store is the SessionStore rooted at one directory.
+type Store struct {
+	root string
+}
+
+// Open returns the store rooted at dir, creating it (0700) if needed.
+func Open(dir string) (*Store, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open session store: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(abs, "conversations"), 0o700); err != nil {
+		return nil, fmt.Errorf("open session store: %w", err)
+	}
+	return &Store{root: abs}, nil
+}
+
+// Dir returns the directory of a conversation's files.
+func (s *Store) Dir(conv string) string {
+	return filepath.Join(s.root, "conversations", conv)
+}
+
+// LoadMeta reads a conversation's state. It returns ErrNotFound when the
+// conversation has none, and an error wrapping ErrFormat for a file of
+// another format version.
+func (s *Store) LoadMeta(conv string) (*Meta, error) {
+	b, err := os.ReadFile(filepath.Join(s.Dir(conv), "state.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load state of %s: %w", conv, err)
+	}
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("load state of %s: %w", conv, err)
+	}
+	if m.Format != FormatVersion {
+		return nil, fmt.Errorf("load state of %s: %w: version %d, want %d", conv, ErrFormat, m.Format, FormatVersion)
+	}
+	return &m, nil
+}
+
+// SaveMeta writes a conversation's state atomically and durably.
+func (s *Store) SaveMeta(m *Meta) error {
+	m.Format = FormatVersion
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+	}
+	dir := s.Dir(m.ConversationID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+	}
+	if err := WriteFileAtomic(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
+		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+	}
+	return nil
+}
+
+// List returns the ids of all conversations that have a state file.
+func (s *Store) List() ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(s.root, "conversations"))
+	if err != nil {
+		return nil, fmt.Errorf("list conversations: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if _, err := os.Stat(filepath.Join(s.root, "conversations", e.Name(), "state.json")); err == nil {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// WriteFileAtomic replaces path with data: write to a temp file in the same
+// directory, fsync, close, rename over path, fsync the directory. Readers see
+// the old or the new content, never a mix, also after a crash.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,213 @@
+package sessionstore
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+)
+
+func newEvent(t *testing.T, text string) contract.Event {
+	t.Helper()
+	ev, err := contract.NewEvent("c1", contract.EventAssistantText, contract.AssistantText{Text: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestMetaRoundTripAndVersion(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.LoadMeta("c1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("missing: got %v, want ErrNotFound", err)
+	}
+	m := &Meta{ConversationID: "c1", UserID: "u", SessionID: "s", WorkDir: "/w"}
+	m.Accept("m1")
+	if err := s.SaveMeta(m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.LoadMeta("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SessionID != "s" || !got.HasAccepted("m1") || got.HasAccepted("m2") {
+		t.Errorf("got %+v", got)
+	}
+	st, _ := os.Stat(filepath.Join(s.Dir("c1"), "state.json"))
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("state.json mode: got %v, want 0600", st.Mode().Perm())
+	}
+	os.WriteFile(filepath.Join(s.Dir("c1"), "state.json"), []byte(`{"format":99}`), 0o600)
+	if _, err := s.LoadMeta("c1"); !errors.Is(err, ErrFormat) {
+		t.Errorf("future format: got %v, want ErrFormat", err)
+	}
+	ids, err := s.List()
+	if err != nil || len(ids) != 1 || ids[0] != "c1" {
+		t.Errorf("List: got %v, %v", ids, err)
+	}
+}
+
+func TestAcceptedMessagesBounded(t *testing.T) {
+	var m Meta
+	for i := 0; i < MaxAcceptedMessages+5; i++ {
+		m.Accept(string(rune('a'+i%26)) + time.Duration(i).String())
+	}
+	if len(m.AcceptedMessages) != MaxAcceptedMessages {
+		t.Errorf("got %d ids, want %d", len(m.AcceptedMessages), MaxAcceptedMessages)
+	}
+}
+
+func TestEventLogIDsSurviveReopen(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	l, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		ev, err := l.Append(newEvent(t, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.ID != int64(i) || ev.ConversationID != "c1" {
+			t.Fatalf("append %d: got id %d conv %q", i, ev.ID, ev.ConversationID)
+		}
+	}
+	l.Close()
+	l2, rep, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if rep != (RepairReport{}) {
+		t.Errorf("clean log repaired: %+v", rep)
+	}
+	ev, _ := l2.Append(newEvent(t, "y"))
+	if ev.ID != 4 {
+		t.Errorf("id after reopen: got %d, want 4", ev.ID)
+	}
+}
+
+func TestEventLogTornLastRecord(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	l, _, _ := s.OpenEventLog("c1")
+	l.Append(newEvent(t, "a"))
+	l.Append(newEvent(t, "b"))
+	l.Close()
+	path := filepath.Join(s.Dir("c1"), "events.jsonl")
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"id":3,"type":"assistant_te`)
+	f.Close()
+
+	l2, rep, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatalf("torn record must not be fatal: %v", err)
+	}
+	if rep.TornBytes == 0 {
+		t.Error("torn record not reported")
+	}
+	if l2.LastID() != 2 {
+		t.Errorf("last id: got %d, want 2", l2.LastID())
+	}
+	ev, err := l2.Append(newEvent(t, "c"))
+	if err != nil || ev.ID != 3 {
+		t.Fatalf("append after repair: %v id %d", err, ev.ID)
+	}
+	l2.Close()
+	l3, rep, _ := s.OpenEventLog("c1")
+	defer l3.Close()
+	evs, _ := l3.Since(0, 10)
+	if len(evs) != 3 || rep != (RepairReport{}) {
+		t.Errorf("after repair: %d events, report %+v; want 3 and clean", len(evs), rep)
+	}
+}
+
+func TestEventLogRejectsUnknownVersion(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	os.MkdirAll(s.Dir("c1"), 0o700)
+	os.WriteFile(filepath.Join(s.Dir("c1"), "events.jsonl"), []byte(`{"format":"talkide-eventlog","version":7}`+"\n"), 0o600)
+	if _, _, err := s.OpenEventLog("c1"); !errors.Is(err, ErrFormat) {
+		t.Errorf("got %v, want ErrFormat", err)
+	}
+}
+
+func TestSinceFromFileBeyondMemory(t *testing.T) {
+	old := recentCap
+	recentCap = 5
+	defer func() { recentCap = old }()
+	s, _ := Open(t.TempDir())
+	l, _, _ := s.OpenEventLog("c1")
+	defer l.Close()
+	for i := 0; i < 20; i++ {
+		l.Append(newEvent(t, "x"))
+	}
+	for _, after := range []int64{0, 3, 14, 15, 19, 20} {
+		evs, err := l.Since(after, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int(20 - after); len(evs) != want {
+			t.Fatalf("Since(%d): got %d events, want %d", after, len(evs), want)
+		}
+		for i, ev := range evs {
+			if ev.ID != after+int64(i)+1 {
+				t.Fatalf("Since(%d)[%d]: got id %d", after, i, ev.ID)
+			}
+		}
+	}
+}
+
+// TestFollowNoLossNoDuplicates runs a writer and several followers, one of
+// them slow, and checks every follower sees every id exactly once, in order.
+func TestFollowNoLossNoDuplicates(t *testing.T) {
+	old := recentCap
+	recentCap = 16 // force the slow follower through the file
+	defer func() { recentCap = old }()
+	s, _ := Open(t.TempDir())
+	l, _, _ := s.OpenEventLog("c1")
+	const n = 300
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	results := make([][]int64, 4)
+	for f := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := l.Follow(ctx, 0, 10*time.Millisecond, func(ev contract.Event) error {
+				results[f] = append(results[f], ev.ID)
+				if f == 0 {
+					time.Sleep(200 * time.Microsecond) // the slow one
+				}
+				return nil
+			}, nil)
+			if !errors.Is(err, ErrClosed) {
+				t.Errorf("follower %d: got %v, want ErrClosed", f, err)
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if _, err := l.Append(newEvent(t, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	wg.Wait()
+	for f, ids := range results {
+		if len(ids) != n {
+			t.Fatalf("follower %d: got %d events, want %d", f, len(ids), n)
+		}
+		for i, id := range ids {
+			if id != int64(i+1) {
+				t.Fatalf("follower %d: event %d has id %d", f, i, id)
+			}
+		}
+	}
+}
