@@ -1,0 +1,212 @@
+package anthropic
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Usage is the token usage of one Messages call, by kind, as billed.
+type Usage struct {
+	// Model is the model named in the response (prices go by it).
+	Model string
+	// MessageID is the response message id ("msg_...").
+	MessageID string
+	// InputTokens are uncached input tokens.
+	InputTokens int64
+	// OutputTokens are output tokens, thinking included.
+	OutputTokens int64
+	// CacheCreationInputTokens are tokens written to the prompt cache.
+	CacheCreationInputTokens int64
+	// CacheCreation5m and CacheCreation1h split the cache writes by TTL when
+	// the response says so (message_start only).
+	CacheCreation5m int64
+	CacheCreation1h int64
+	// CacheReadInputTokens are tokens read from the prompt cache.
+	CacheReadInputTokens int64
+	// Started is true once message_start (or a JSON message) was seen;
+	// Finished once message_delta with a stop reason or message_stop was seen.
+	Started, Finished bool
+	StopReason        string
+	// ErrorType is the error.type of an "error" event or error body, if any.
+	ErrorType string
+}
+
+type wireUsage struct {
+	InputTokens              *int64 `json:"input_tokens"`
+	OutputTokens             *int64 `json:"output_tokens"`
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	CacheCreation            *struct {
+		Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
+		Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
+	} `json:"cache_creation"`
+}
+
+// apply sets (never adds) each field the wire usage carries: Anthropic's
+// message_delta usage is cumulative, and some compatible servers send usage
+// only there.
+func (u *Usage) apply(w *wireUsage) {
+	if w == nil {
+		return
+	}
+	if w.InputTokens != nil {
+		u.InputTokens = *w.InputTokens
+	}
+	if w.OutputTokens != nil {
+		u.OutputTokens = *w.OutputTokens
+	}
+	if w.CacheCreationInputTokens != nil {
+		u.CacheCreationInputTokens = *w.CacheCreationInputTokens
+	}
+	if w.CacheReadInputTokens != nil {
+		u.CacheReadInputTokens = *w.CacheReadInputTokens
+	}
+	if w.CacheCreation != nil {
+		u.CacheCreation5m = w.CacheCreation.Ephemeral5m
+		u.CacheCreation1h = w.CacheCreation.Ephemeral1h
+	}
+}
+
+// StreamMeter reads usage from a copy of a Messages SSE stream (Anthropic
+// Messages streaming events) without altering it: write every byte of the
+// stream to it, in order, in chunks of any size. Only message_start,
+// message_delta, message_stop and error events are decoded; content deltas
+// are skipped unparsed. Write never fails. Not safe for concurrent use.
+type StreamMeter struct {
+	usage Usage
+	// line holds the current unterminated line when it may matter.
+	line []byte
+	// skipping is true while the rest of the current line is irrelevant.
+	skipping bool
+	// event is the current SSE event name.
+	event string
+}
+
+// maxMeterLine bounds a line the meter buffers (usage events are small).
+const maxMeterLine = 1 << 20
+
+// Write consumes stream bytes.
+func (m *StreamMeter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		chunk := p
+		if i >= 0 {
+			chunk = p[:i]
+		}
+		if !m.skipping {
+			if len(m.line) == 0 && m.event != "" && !interesting(m.event) && bytes.HasPrefix(chunk, []byte("data")) {
+				m.skipping = true // a content delta: do not buffer it
+			} else if len(m.line)+len(chunk) > maxMeterLine {
+				m.skipping = true
+				m.line = m.line[:0]
+			} else {
+				m.line = append(m.line, chunk...)
+			}
+		}
+		if i < 0 {
+			break
+		}
+		if !m.skipping {
+			m.handleLine(bytes.TrimSuffix(m.line, []byte("\r")))
+		}
+		m.line = m.line[:0]
+		m.skipping = false
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+func interesting(event string) bool {
+	switch event {
+	case "message_start", "message_delta", "message_stop", "error":
+		return true
+	}
+	return false
+}
+
+func (m *StreamMeter) handleLine(line []byte) {
+	switch {
+	case len(line) == 0:
+		m.event = ""
+	case bytes.HasPrefix(line, []byte("event:")):
+		m.event = string(bytes.TrimSpace(line[len("event:"):]))
+	case bytes.HasPrefix(line, []byte("data:")):
+		m.handleData(bytes.TrimSpace(line[len("data:"):]))
+	}
+}
+
+func (m *StreamMeter) handleData(data []byte) {
+	switch m.event {
+	case "message_start":
+		var v struct {
+			Message struct {
+				ID    string     `json:"id"`
+				Model string     `json:"model"`
+				Usage *wireUsage `json:"usage"`
+			} `json:"message"`
+		}
+		if json.Unmarshal(data, &v) == nil {
+			m.usage.Started = true
+			m.usage.MessageID = v.Message.ID
+			if v.Message.Model != "" {
+				m.usage.Model = v.Message.Model
+			}
+			m.usage.apply(v.Message.Usage)
+		}
+	case "message_delta":
+		var v struct {
+			Delta struct {
+				StopReason *string `json:"stop_reason"`
+			} `json:"delta"`
+			Usage *wireUsage `json:"usage"`
+		}
+		if json.Unmarshal(data, &v) == nil {
+			m.usage.apply(v.Usage)
+			if v.Delta.StopReason != nil {
+				m.usage.StopReason = *v.Delta.StopReason
+			}
+		}
+	case "message_stop":
+		m.usage.Finished = true
+	case "error":
+		var v struct {
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(data, &v) == nil {
+			m.usage.ErrorType = v.Error.Type
+		}
+	}
+}
+
+// Usage returns what the stream said so far.
+func (m *StreamMeter) Usage() Usage { return m.usage }
+
+// ParseMessageUsage reads usage from a non-streaming Messages response body
+// (a Message object) or an error envelope.
+func ParseMessageUsage(body []byte) (Usage, bool) {
+	var v struct {
+		Type       string     `json:"type"`
+		ID         string     `json:"id"`
+		Model      string     `json:"model"`
+		StopReason string     `json:"stop_reason"`
+		Usage      *wireUsage `json:"usage"`
+		Error      struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return Usage{}, false
+	}
+	u := Usage{Model: v.Model, MessageID: v.ID, StopReason: v.StopReason}
+	if v.Type == "error" {
+		u.ErrorType = v.Error.Type
+		return u, true
+	}
+	u.apply(v.Usage)
+	u.Started = v.Usage != nil
+	u.Finished = u.Started
+	return u, true
+}

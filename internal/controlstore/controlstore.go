@@ -1,0 +1,242 @@
+// Package controlstore is the control plane's database: users and their
+// grants, conversations, issued identity tokens, and the tables the
+// UserBudgetService keeps. It runs on SQLite (modernc.org/sqlite, pure Go;
+// the embedded default) and PostgreSQL (pgx), with the same portable SQL and
+// migrations applied by goose at Open.
+//
+// Main types: DB (an open database with its dialect) and the record types
+// User, Conversation, IdentityToken. It does not hash tokens or decide
+// access; callers do.
+package controlstore
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Dialect is the SQL dialect of a DB.
+type Dialect string
+
+const (
+	SQLite   Dialect = "sqlite"
+	Postgres Dialect = "postgres"
+)
+
+// DB is the control-plane database.
+type DB struct {
+	SQL     *sql.DB
+	Dialect Dialect
+}
+
+// ErrNotFound is returned when a record does not exist.
+var ErrNotFound = errors.New("not found")
+
+// OpenSQLite opens (creating if needed) the SQLite database at path and
+// migrates it. WAL mode and a busy timeout let several goroutines share it;
+// write transactions take the lock at BEGIN (immediate), which makes
+// check-then-update sequences atomic.
+func OpenSQLite(ctx context.Context, path string) (*DB, error) {
+	dsn := "file:" + path + "?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(FULL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	return migrate(ctx, db, SQLite)
+}
+
+// Open opens an already-connected database of dialect d and migrates it.
+func Open(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
+	return migrate(ctx, db, d)
+}
+
+func migrate(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
+	gd := goose.DialectSQLite3
+	if d == Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db, mustSub(migrations, "migrations"))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return &DB{SQL: db, Dialect: d}, nil
+}
+
+// Close closes the database.
+func (db *DB) Close() error { return db.SQL.Close() }
+
+// Q rewrites a query written with '?' placeholders for the dialect ($1, $2,
+// ... on PostgreSQL).
+func (db *DB) Q(query string) string {
+	if db.Dialect != Postgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Millis converts a time to the stored Unix milliseconds.
+func Millis(t time.Time) int64 { return t.UnixMilli() }
+
+// User is a platform user of the browser API.
+type User struct {
+	ID string
+	// TokenHash is the hex SHA-256 of the user's bearer token.
+	TokenHash string
+}
+
+// UpsertUser creates the user or replaces its token hash, and grants it the
+// given tenant-envs ("tenant/env").
+func (db *DB) UpsertUser(ctx context.Context, u User, grants ...[2]string) error {
+	tx, err := db.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("upsert user: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO users (id, token_hash, created_at) VALUES (?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET token_hash = excluded.token_hash`), u.ID, u.TokenHash, Millis(time.Now())); err != nil {
+		return fmt.Errorf("upsert user: %w", err)
+	}
+	for _, g := range grants {
+		if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO grants (user_id, tenant, env) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`), u.ID, g[0], g[1]); err != nil {
+			return fmt.Errorf("upsert user grant: %w", err)
+		}
+	}
+	return tx.Commit()
+}
+
+// UserByTokenHash returns the user whose token hashes to hash, or ErrNotFound.
+func (db *DB) UserByTokenHash(ctx context.Context, hash string) (User, error) {
+	var u User
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, token_hash FROM users WHERE token_hash = ?`), hash).Scan(&u.ID, &u.TokenHash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return User{}, ErrNotFound
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("look up user: %w", err)
+	}
+	return u, nil
+}
+
+// HasGrant reports whether the user may use the tenant-env.
+func (db *DB) HasGrant(ctx context.Context, userID, tenant, env string) (bool, error) {
+	var n int
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT COUNT(*) FROM grants WHERE user_id = ? AND tenant = ? AND env = ?`), userID, tenant, env).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("check grant: %w", err)
+	}
+	return n > 0, nil
+}
+
+// Conversation is a conversation of a user in a tenant-env.
+type Conversation struct {
+	ID        string
+	Tenant    string
+	Env       string
+	UserID    string
+	CreatedAt time.Time
+}
+
+// CreateConversation stores a new conversation.
+func (db *DB) CreateConversation(ctx context.Context, c Conversation) error {
+	_, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO conversations (id, tenant, env, user_id, created_at) VALUES (?, ?, ?, ?, ?)`),
+		c.ID, c.Tenant, c.Env, c.UserID, Millis(c.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("create conversation: %w", err)
+	}
+	return nil
+}
+
+// Conversation returns the conversation id, or ErrNotFound.
+func (db *DB) Conversation(ctx context.Context, id string) (Conversation, error) {
+	var c Conversation
+	var created int64
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, tenant, env, user_id, created_at FROM conversations WHERE id = ?`), id).
+		Scan(&c.ID, &c.Tenant, &c.Env, &c.UserID, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Conversation{}, ErrNotFound
+	}
+	if err != nil {
+		return Conversation{}, fmt.Errorf("look up conversation: %w", err)
+	}
+	c.CreatedAt = time.UnixMilli(created).UTC()
+	return c, nil
+}
+
+// IdentityToken records an issued identity token (never the token itself).
+type IdentityToken struct {
+	JTI       string
+	Tenant    string
+	Env       string
+	IssuedAt  time.Time
+	ExpiresAt time.Time
+	RevokedAt *time.Time
+}
+
+// RecordIdentityToken stores an issued identity token's id.
+func (db *DB) RecordIdentityToken(ctx context.Context, t IdentityToken) error {
+	_, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO identity_tokens (jti, tenant, env, issued_at, expires_at) VALUES (?, ?, ?, ?, ?)`),
+		t.JTI, t.Tenant, t.Env, Millis(t.IssuedAt), Millis(t.ExpiresAt))
+	if err != nil {
+		return fmt.Errorf("record identity token: %w", err)
+	}
+	return nil
+}
+
+// IdentityTokenByID returns a recorded identity token, or ErrNotFound.
+func (db *DB) IdentityTokenByID(ctx context.Context, jti string) (IdentityToken, error) {
+	var t IdentityToken
+	var issued, expires int64
+	var revoked sql.NullInt64
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT jti, tenant, env, issued_at, expires_at, revoked_at FROM identity_tokens WHERE jti = ?`), jti).
+		Scan(&t.JTI, &t.Tenant, &t.Env, &issued, &expires, &revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return IdentityToken{}, ErrNotFound
+	}
+	if err != nil {
+		return IdentityToken{}, fmt.Errorf("look up identity token: %w", err)
+	}
+	t.IssuedAt, t.ExpiresAt = time.UnixMilli(issued).UTC(), time.UnixMilli(expires).UTC()
+	if revoked.Valid {
+		r := time.UnixMilli(revoked.Int64).UTC()
+		t.RevokedAt = &r
+	}
+	return t, nil
+}
+
+// RevokeIdentityToken marks a recorded identity token revoked.
+func (db *DB) RevokeIdentityToken(ctx context.Context, jti string, at time.Time) error {
+	res, err := db.SQL.ExecContext(ctx, db.Q(`UPDATE identity_tokens SET revoked_at = ? WHERE jti = ? AND revoked_at IS NULL`), Millis(at), jti)
+	if err != nil {
+		return fmt.Errorf("revoke identity token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}

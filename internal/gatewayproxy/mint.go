@@ -1,0 +1,72 @@
+package gatewayproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+)
+
+// MintClient calls the mint endpoint with the worker's identity token.
+type MintClient struct {
+	// Base is $TALKIDE_GATEWAY_BASE_URL.
+	Base *url.URL
+	// IdentityToken is $TALKIDE_WORKER_IDENTITY_TOKEN.
+	IdentityToken string
+	// HTTP is the client used; nil means a client with a 10 s timeout.
+	HTTP *http.Client
+}
+
+// MintError is a refusal from the mint endpoint.
+type MintError struct {
+	Status int
+	Type   string
+	Msg    string
+}
+
+func (e *MintError) Error() string {
+	return fmt.Sprintf("mint refused: %d %s: %s", e.Status, e.Type, e.Msg)
+}
+
+var defaultMintHTTP = &http.Client{Timeout: 10 * time.Second}
+
+// Mint asks for a WorkerToken for conversation conv. It returns a *MintError
+// when the endpoint answers with an error status, or a transport error.
+func (c *MintClient) Mint(ctx context.Context, conv string) (contract.MintResponse, error) {
+	body, _ := json.Marshal(contract.MintRequest{ConversationID: conv})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base.JoinPath(contract.PathMint).String(), bytes.NewReader(body))
+	if err != nil {
+		return contract.MintResponse{}, fmt.Errorf("mint: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.IdentityToken)
+	hc := c.HTTP
+	if hc == nil {
+		hc = defaultMintHTTP
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return contract.MintResponse{}, fmt.Errorf("mint: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return contract.MintResponse{}, fmt.Errorf("mint: read answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var eb contract.ErrorBody
+		_ = json.Unmarshal(b, &eb)
+		return contract.MintResponse{}, &MintError{Status: resp.StatusCode, Type: eb.Error.Type, Msg: eb.Error.Message}
+	}
+	var mr contract.MintResponse
+	if err := json.Unmarshal(b, &mr); err != nil || mr.Token == "" {
+		return contract.MintResponse{}, fmt.Errorf("mint: malformed answer: %v", err)
+	}
+	return mr, nil
+}

@@ -1,0 +1,263 @@
+package gatewayproxy
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/talkide/talkide/internal/anthropic"
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// GatewayProxy decides where a conversation's Anthropic request goes and with
+// which credential.
+type GatewayProxy interface {
+	// Target returns the URL the request with API path apiPath (e.g.
+	// "/v1/messages") is sent to and the headers to set on it, for
+	// conversation conv. Errors are *Error values carrying the Anthropic error
+	// the CLI should see.
+	Target(ctx context.Context, conv, apiPath string) (*url.URL, http.Header, error)
+}
+
+// Error is a failure to prepare a request, answered to the CLI in Anthropic's
+// error envelope with Status and Type.
+type Error struct {
+	Status int
+	Type   string
+	Msg    string
+	Err    error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s: %v", e.Status, e.Type, e.Msg, e.Err) }
+func (e *Error) Unwrap() error { return e.Err }
+
+// credentialHeaders are removed from every request before it leaves the
+// worker: the CLI's placeholder and anything resembling a credential.
+var credentialHeaders = []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", contract.HeaderWorkerToken}
+
+// Server is the LocalGatewayProxyServer.
+type Server struct {
+	proxy GatewayProxy
+	log   *slog.Logger
+	rp    *httputil.ReverseProxy
+
+	mu sync.Mutex
+	// secrets maps a conversation id to the placeholder credential its CLI
+	// process was given; guarded by mu.
+	secrets map[string]string
+	// baseURL is "http://127.0.0.1:<port>" once listening; guarded by mu.
+	baseURL string
+}
+
+// NewServer returns a Server that forwards through p.
+func NewServer(p GatewayProxy, log *slog.Logger) *Server {
+	s := &Server{proxy: p, log: log, secrets: make(map[string]string)}
+	s.rp = &httputil.ReverseProxy{
+		Rewrite:       s.rewrite,
+		FlushInterval: -1, // flush every write: SSE events must not wait in a buffer
+		ErrorHandler:  s.proxyError,
+		Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ResponseHeaderTimeout: 10 * time.Minute, // the CLI's own timeout is 600 s
+			ForceAttemptHTTP2:     true,
+		},
+	}
+	return s
+}
+
+// Register allows conversation conv to use the proxy with the placeholder
+// credential secret, replacing any earlier one. The harness registers a
+// fresh secret for each CLI process it starts.
+func (s *Server) Register(conv, secret string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.secrets[conv] = secret
+}
+
+// Unregister removes conv's credential.
+func (s *Server) Unregister(conv string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.secrets, conv)
+}
+
+// BaseURL returns ANTHROPIC_BASE_URL for conversation conv. It is empty until
+// Listen returned.
+func (s *Server) BaseURL(conv string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.baseURL == "" {
+		return ""
+	}
+	return s.baseURL + "/" + conv
+}
+
+// Listen binds 127.0.0.1 on a free port and returns the listener; pass it to
+// Serve.
+func (s *Server) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen local gateway proxy: %w", err)
+	}
+	s.mu.Lock()
+	s.baseURL = "http://" + ln.Addr().String()
+	s.mu.Unlock()
+	return ln, nil
+}
+
+// Serve serves on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := httpapi.NewServer(ctx, ln.Addr().String(), s, s.log)
+	return httpapi.Serve(ctx, srv, ln, 5*time.Second)
+}
+
+type ctxKey struct{}
+
+type target struct {
+	url    *url.URL
+	header http.Header
+}
+
+// ServeHTTP handles /<conversationId>/<api path>.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	conv, apiPath, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	apiPath = "/" + apiPath
+	if !ok || contract.ValidConversationID(conv) != nil {
+		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "unknown path", "", nil)
+		return
+	}
+	if apiPath == "/api/hello" {
+		// The CLI's connectivity pre-flight (off with NONESSENTIAL_TRAFFIC);
+		// answer locally instead of spending a mint.
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	if !s.authorized(conv, r) {
+		s.log.Warn("local proxy refused a request without the conversation's credential", "conversation", conv, "path", apiPath)
+		anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "missing or wrong conversation credential", "", nil)
+		return
+	}
+	u, h, err := s.proxy.Target(r.Context(), conv, apiPath)
+	if err != nil {
+		var pe *Error
+		if !errors.As(err, &pe) {
+			pe = &Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Msg: "gateway unavailable", Err: err}
+		}
+		s.log.Warn("local proxy could not prepare request", "conversation", conv, "status", pe.Status, "err", err)
+		anthropic.WriteError(w, pe.Status, pe.Type, pe.Msg, "", nil)
+		return
+	}
+	u.RawQuery = r.URL.RawQuery
+	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, &target{url: u, header: h}))
+	s.rp.ServeHTTP(w, r)
+}
+
+func (s *Server) authorized(conv string, r *http.Request) bool {
+	s.mu.Lock()
+	want, ok := s.secrets[conv]
+	s.mu.Unlock()
+	if !ok {
+		return false
+	}
+	got := r.Header.Get("X-Api-Key")
+	if auth := r.Header.Get("Authorization"); strings.HasPrefix(auth, "Bearer ") {
+		got = strings.TrimPrefix(auth, "Bearer ")
+	}
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+func (s *Server) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(ctxKey{}).(*target)
+	pr.Out.URL = t.url
+	pr.Out.Host = t.url.Host
+	for _, h := range credentialHeaders {
+		pr.Out.Header.Del(h)
+	}
+	for k, vs := range t.header {
+		pr.Out.Header[k] = vs
+	}
+	// No X-Forwarded-*: the CLI's address is of no use upstream.
+}
+
+func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		s.log.Info("local proxy client went away", "path", r.URL.Path, "status", httpapi.StatusClientClosed)
+		return
+	}
+	status, typ := http.StatusBadGateway, anthropic.ErrAPI
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
+	}
+	s.log.Warn("local proxy upstream failed", "path", r.URL.Path, "status", status, "err", err)
+	anthropic.WriteError(w, status, typ, "gateway unreachable", "", nil)
+}
+
+// NoOpGatewayProxy forwards straight to an Anthropic-compatible upstream with
+// a local API key. Development only: it needs the key inside the worker,
+// which production forbids.
+type NoOpGatewayProxy struct {
+	// Upstream is the upstream base URL, e.g. https://api.anthropic.com.
+	Upstream *url.URL
+	// APIKey is sent as x-api-key.
+	APIKey string
+}
+
+var _ GatewayProxy = (*NoOpGatewayProxy)(nil)
+
+// Target returns Upstream + apiPath with x-api-key set.
+func (p *NoOpGatewayProxy) Target(_ context.Context, _, apiPath string) (*url.URL, http.Header, error) {
+	u := p.Upstream.JoinPath(apiPath)
+	h := http.Header{}
+	if p.APIKey != "" {
+		h.Set("X-Api-Key", p.APIKey)
+	}
+	return u, h, nil
+}
+
+// MintingGatewayProxy mints a fresh WorkerToken per request and forwards to
+// the control-plane gateway-proxy.
+type MintingGatewayProxy struct {
+	// Gateway is $TALKIDE_GATEWAY_BASE_URL.
+	Gateway *url.URL
+	Mint    *MintClient
+}
+
+var _ GatewayProxy = (*MintingGatewayProxy)(nil)
+
+// Target mints a WorkerToken for conv and returns the gateway URL for apiPath
+// with X-Worker-Token set. Mint failures map to: 401/403 from the mint →
+// 403 permission_error (final for the CLI: retrying cannot help); anything
+// else → 503 overloaded_error-like api_error (the CLI retries).
+func (p *MintingGatewayProxy) Target(ctx context.Context, conv, apiPath string) (*url.URL, http.Header, error) {
+	tok, err := p.Mint.Mint(ctx, conv)
+	if err != nil {
+		var me *MintError
+		if errors.As(err, &me) && (me.Status == http.StatusUnauthorized || me.Status == http.StatusForbidden || me.Status == http.StatusNotFound) {
+			return nil, nil, &Error{Status: http.StatusForbidden, Type: anthropic.ErrPermission, Msg: "worker not allowed to use the gateway for this conversation: " + me.Msg, Err: err}
+		}
+		return nil, nil, &Error{Status: http.StatusServiceUnavailable, Type: anthropic.ErrAPI, Msg: "token mint unavailable", Err: err}
+	}
+	u := p.Gateway.JoinPath(contract.PathGatewayPrefix, apiPath)
+	h := http.Header{}
+	h.Set(contract.HeaderWorkerToken, tok.Token)
+	return u, h, nil
+}
+
+// NewPlaceholderSecret returns a random credential for one CLI process.
+func NewPlaceholderSecret() string { return "talkide-local-" + token.NewID() }

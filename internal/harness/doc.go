@@ -1,0 +1,19 @@
+// Package harness is the worker's AnthropicAgentSdkHarness: it runs one
+// Claude Code CLI process per active conversation over the stream-json
+// protocol, exactly as the official Agent SDKs drive the CLI, and turns the
+// CLI's output into the conversation's durable event stream.
+//
+// Each CLI process runs in its own process group, with an environment built
+// from scratch (buildSDKEnv): ANTHROPIC_BASE_URL points at the worker's
+// LocalGatewayProxyServer with the conversation id as path prefix,
+// ANTHROPIC_AUTH_TOKEN is a per-process placeholder that only the local proxy
+// accepts, ANTHROPIC_API_KEY and every TALKIDE_* variable are absent, and
+// CLAUDE_CONFIG_DIR, HOME and a private CLAUDE_CODE_TMPDIR are set. A
+// conversation's messages run one turn at a time; further messages wait in
+// its queue. A second message continues the same CLI session; when the
+// process is gone (idle timeout, stop, crash, worker restart) the next message
+// resumes it from the transcript with --resume.
+//
+// Main type: Harness. It does not serve HTTP (package worker does) and does
+// not decide where model calls go (package gatewayproxy does).
+package harness

@@ -1,0 +1,241 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/streamjson"
+)
+
+// process is one running Claude Code CLI.
+type process struct {
+	cmd     *exec.Cmd
+	pgid    int
+	resumed bool
+	// in feeds the stdin writer goroutine; never closed by senders.
+	in   chan []byte
+	done chan struct{} // closed once the process is reaped
+
+	// Fields below are guarded by the owning session's mu.
+	announced bool   // session_started emitted
+	apiError  string // text of a synthetic API error message of the turn
+	idle      *time.Timer
+
+	mu sync.Mutex
+	// reason is why the harness stops the process, "" if it does not; guarded by mu.
+	reason string
+	// stdinClosed is set once stdin is closed; guarded by mu.
+	stdinClosed bool
+	// stderr keeps the tail of the CLI's stderr for diagnostics; guarded by mu.
+	stderr []byte
+
+	exitCode int // set before done is closed
+}
+
+// stdinQueue bounds lines waiting for the CLI to read them; a CLI that stops
+// reading stdin this long is stuck and gets stopped.
+const stdinQueue = 256
+
+// maxStderrTail bounds the stderr kept for messages.
+const maxStderrTail = 4 << 10
+
+func (p *process) send(line []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stdinClosed {
+		return false
+	}
+	select {
+	case p.in <- line:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *process) beginStop(reason string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reason == "" {
+		p.reason = reason
+	}
+}
+
+func (p *process) stopping() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reason != ""
+}
+
+func (p *process) stopReason() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reason
+}
+
+func (p *process) stderrTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.TrimSpace(string(p.stderr))
+}
+
+// Write collects stderr.
+func (p *process) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stderr = append(p.stderr, b...)
+	if n := len(p.stderr) - maxStderrTail; n > 0 {
+		p.stderr = append([]byte(nil), p.stderr[n:]...)
+	}
+	return len(b), nil
+}
+
+func (p *process) closeStdin() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stdinClosed {
+		p.stdinClosed = true
+		close(p.in)
+	}
+}
+
+func (p *process) stopIdleTimer() {
+	if p.idle != nil {
+		p.idle.Stop()
+		p.idle = nil
+	}
+}
+
+func (p *process) armIdleTimer(d time.Duration, f func()) {
+	p.stopIdleTimer()
+	p.idle = time.AfterFunc(d, f)
+}
+
+// terminate ends the process: close stdin (the CLI exits within about half
+// a second after its last result), then SIGTERM and later SIGKILL to its
+// whole process group. It returns once the process is reaped.
+func (p *process) terminate(grace time.Duration) {
+	p.closeStdin()
+	select {
+	case <-p.done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.pgid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return
+	case <-time.After(2 * time.Second):
+	}
+	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+	<-p.done
+}
+
+// startLocked starts a CLI process for the session.
+func (s *session) startLocked() (*process, error) {
+	cfg := s.h.cfg
+	resume := s.resumeModeLocked()
+	tmp := filepath.Join(cfg.TmpRoot, s.conv)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, fmt.Errorf("create tmp dir: %w", err)
+	}
+	if err := os.MkdirAll(s.meta.WorkDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create working directory: %w", err)
+	}
+	secret := gatewayproxy.NewPlaceholderSecret()
+	base := s.h.proxy.BaseURL(s.conv)
+	if base == "" {
+		return nil, errors.New("local gateway proxy not listening")
+	}
+	args := []string{
+		"--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+		"--permission-prompt-tool", "stdio", "--permission-mode", cfg.PermissionMode,
+	}
+	if resume {
+		args = append(args, "--resume", s.meta.SessionID)
+	} else {
+		args = append(args, "--session-id", s.meta.SessionID)
+	}
+	if s.meta.Model != "" {
+		args = append(args, "--model", s.meta.Model)
+	}
+	cmd := exec.Command(cfg.ClaudeBin, args...)
+	cmd.Dir = s.meta.WorkDir
+	cmd.Env = buildSDKEnv(cfg, os.Environ(), base, secret, tmp)
+	// Own process group, so the CLI and every tool it spawns are signalled
+	// together; Pdeathsig kills the CLI if the worker dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{})}
+	cmd.Stderr = p
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdin pipe: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	s.h.proxy.Register(s.conv, secret)
+	if err := cmd.Start(); err != nil {
+		s.h.proxy.Unregister(s.conv)
+		return nil, fmt.Errorf("start %s: %w", cfg.ClaudeBin, err)
+	}
+	p.pgid = cmd.Process.Pid
+	s.h.log.Info("claude code started", "conversation", s.conv, "session", s.meta.SessionID, "pid", p.pgid, "resume", resume)
+
+	s.h.procs.Add(2)
+	go func() { // stdin writer
+		defer s.h.procs.Done()
+		defer stdin.Close()
+		for line := range p.in {
+			if _, err := stdin.Write(line); err != nil {
+				return // the process is gone; the reader sees EOF
+			}
+		}
+	}()
+	go func() { // stdout reader, then reaper
+		defer s.h.procs.Done()
+		r := streamjson.NewReader(stdout)
+		for {
+			line, err := r.Next()
+			if errors.Is(err, streamjson.ErrLineTooLong) {
+				s.h.log.Warn("claude code line over the limit skipped", "conversation", s.conv)
+				continue
+			}
+			if err != nil {
+				if err != io.EOF {
+					s.h.log.Warn("read claude code stdout", "conversation", s.conv, "err", err)
+				}
+				break
+			}
+			m, err := streamjson.Parse(line)
+			if err != nil {
+				s.h.log.Warn("unparsable claude code line", "conversation", s.conv, "err", err)
+				continue
+			}
+			s.handle(p, m)
+		}
+		p.closeStdin()
+		err := cmd.Wait()
+		p.exitCode = cmd.ProcessState.ExitCode()
+		// Tools the CLI started may still run in its group: end them.
+		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		if err != nil && p.stopReason() == "" {
+			s.h.log.Warn("claude code exited", "conversation", s.conv, "exit_code", p.exitCode, "stderr", p.stderrTail())
+		} else {
+			s.h.log.Info("claude code exited", "conversation", s.conv, "exit_code", p.exitCode, "reason", p.stopReason())
+		}
+		close(p.done)
+		s.exited(p)
+	}()
+	return p, nil
+}

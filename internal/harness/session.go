@@ -1,0 +1,407 @@
+package harness
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/streamjson"
+)
+
+// session is one conversation on this worker.
+type session struct {
+	h    *Harness
+	conv string
+	log  *sessionstore.EventLog
+
+	mu sync.Mutex
+	// meta is the durable state; every change is saved before it is acted
+	// on; guarded by mu.
+	meta *sessionstore.Meta
+	// proc is the live CLI process, nil when none; guarded by mu.
+	proc *process
+	// turn is the message whose turn runs, nil when idle; guarded by mu.
+	turn *sessionstore.PendingMessage
+}
+
+func (s *session) statusLocked() contract.SessionStatus {
+	st := contract.SessionStatus{
+		ConversationID: s.conv,
+		UserID:         s.meta.UserID,
+		State:          contract.StateIdle,
+		SessionID:      s.meta.SessionID,
+		WorkDir:        s.meta.WorkDir,
+		ProcessRunning: s.proc != nil,
+		QueuedMessages: len(s.meta.Pending),
+		LastEventID:    s.log.LastID(),
+	}
+	switch {
+	case s.turn != nil:
+		st.State = contract.StateRunning
+	case s.meta.Stopped:
+		st.State = contract.StateStopped
+	}
+	return st
+}
+
+// emitLocked appends an event to the log. A failed append (e.g. a full disk)
+// is logged; the conversation goes on, and readers see the gap as missing ids
+// never assigned (Append does not consume an id on failure).
+func (s *session) emitLocked(t contract.EventType, payload any) {
+	ev, err := contract.NewEvent(s.conv, t, payload)
+	if err == nil {
+		_, err = s.log.Append(ev)
+	}
+	if err != nil {
+		s.h.log.Error("append event", "conversation", s.conv, "type", t, "err", err)
+	}
+}
+
+func (s *session) saveLocked() error {
+	if err := s.h.store.SaveMeta(s.meta); err != nil {
+		s.h.log.Error("save session state", "conversation", s.conv, "err", err)
+		return err
+	}
+	return nil
+}
+
+func (s *session) enqueue(req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.UserID != "" && req.UserID != s.meta.UserID {
+		return contract.SendMessageResponse{}, ErrUserMismatch
+	}
+	resp := contract.SendMessageResponse{ClientMessageID: req.ClientMessageID}
+	if s.meta.HasAccepted(req.ClientMessageID) {
+		resp.Duplicate = true
+		return resp, nil
+	}
+	prev := *s.meta
+	s.meta.Accept(req.ClientMessageID)
+	s.meta.Stopped = false
+	s.meta.Pending = append(s.meta.Pending, sessionstore.PendingMessage{
+		ClientMessageID: req.ClientMessageID, Text: req.Text, AcceptedAt: time.Now().UTC(),
+	})
+	if err := s.saveLocked(); err != nil {
+		*s.meta = prev // not stored: not accepted
+		return contract.SendMessageResponse{}, fmt.Errorf("store message: %w", err)
+	}
+	s.emitLocked(contract.EventUserMessage, contract.UserMessage{ClientMessageID: req.ClientMessageID, Text: req.Text})
+	s.pumpLocked()
+	return resp, nil
+}
+
+// pumpLocked starts the next queued turn if none runs.
+func (s *session) pumpLocked() {
+	for s.turn == nil && len(s.meta.Pending) > 0 && !s.h.isClosing() {
+		if s.proc != nil && s.proc.stopping() {
+			return // exited() pumps again once the process is gone
+		}
+		if s.proc == nil {
+			p, err := s.startLocked()
+			if err != nil {
+				next := s.meta.Pending[0]
+				s.meta.Pending = s.meta.Pending[1:]
+				_ = s.saveLocked()
+				s.h.log.Error("start claude code", "conversation", s.conv, "err", err)
+				s.emitLocked(contract.EventTurnFailed, contract.TurnFailed{
+					ClientMessageID: next.ClientMessageID, Reason: contract.FailStartFailed,
+					Message: "could not start the agent: " + err.Error(),
+				})
+				continue
+			}
+			s.proc = p
+		}
+		next := s.meta.Pending[0]
+		s.meta.Pending = s.meta.Pending[1:]
+		s.turn = &next
+		_ = s.saveLocked()
+		s.proc.stopIdleTimer()
+		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID})
+		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
+			s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
+			s.proc.beginStop("exited")
+			go s.proc.terminate(s.h.cfg.StopGrace)
+		}
+		return
+	}
+}
+
+// resumeMode decides how to start the CLI for the session: resume when its
+// transcript holds a turn; else start it under its id, or under a fresh id
+// when a transcript without a turn already uses that id (the CLI refuses
+// --session-id for an id in use).
+func (s *session) resumeModeLocked() (resume bool) {
+	path, hasTurn := transcriptState(s.h.cfg.ConfigDir, s.meta.SessionID)
+	switch {
+	case hasTurn:
+		return true
+	case path != "":
+		old := s.meta.SessionID
+		s.meta.SessionID = uuid.NewString()
+		s.h.log.Warn("transcript without a turn; starting a fresh session id", "conversation", s.conv, "old_session", old, "session", s.meta.SessionID)
+		_ = s.saveLocked()
+	}
+	return false
+}
+
+// transcriptState finds the transcript of a session id under
+// <configDir>/projects/*/<id>.jsonl and reports whether it holds a turn (an
+// assistant record).
+func transcriptState(configDir, sessionID string) (path string, hasTurn bool) {
+	matches, _ := filepath.Glob(filepath.Join(configDir, "projects", "*", sessionID+".jsonl"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		path = m
+		if bytes.Contains(b, []byte(`"type":"assistant"`)) {
+			return m, true
+		}
+	}
+	return path, false
+}
+
+// handle processes one stdout line of p.
+func (s *session) handle(p *process, m streamjson.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != p {
+		return // a line from a process already replaced
+	}
+	switch m := m.(type) {
+	case *streamjson.SystemInit:
+		if !p.announced {
+			p.announced = true
+			s.emitLocked(contract.EventSessionStarted, contract.SessionStarted{
+				SessionID: m.SessionID, Model: m.Model, WorkDir: m.Cwd, Resumed: p.resumed,
+				ClaudeCodeVersion: m.ClaudeCodeVersion,
+			})
+		}
+		if m.SessionID != "" && m.SessionID != s.meta.SessionID {
+			s.h.log.Warn("claude code reports another session id", "conversation", s.conv, "session", s.meta.SessionID, "reported", m.SessionID)
+		}
+	case *streamjson.Assistant:
+		if m.ParentToolUseID != nil {
+			return // a sub-agent's inner message; its outcome arrives as the Agent tool's result
+		}
+		if m.IsAPIErrorMessage {
+			p.apiError = joinText(m.Message.Blocks())
+			return
+		}
+		for _, b := range m.Message.Blocks() {
+			switch b.Type {
+			case "text":
+				if strings.TrimSpace(b.Text) != "" {
+					s.emitLocked(contract.EventAssistantText, contract.AssistantText{MessageID: m.Message.ID, Text: b.Text})
+				}
+			case "tool_use":
+				input := b.Input
+				if len(input) == 0 {
+					input = json.RawMessage("{}")
+				}
+				s.emitLocked(contract.EventToolUse, contract.ToolUse{ToolUseID: b.ID, Name: b.Name, Input: input})
+			}
+		}
+	case *streamjson.User:
+		if m.IsReplay || m.ParentToolUseID != nil {
+			return
+		}
+		for _, b := range m.Message.Blocks() {
+			if b.Type == "tool_result" {
+				s.emitLocked(contract.EventToolResult, contract.ToolResult{ToolUseID: b.ToolUseID, Content: b.ResultText(), IsError: b.IsError})
+			}
+		}
+	case *streamjson.APIRetry:
+		ev := contract.APIRetry{Attempt: m.Attempt, MaxRetries: m.MaxRetries, RetryDelayMS: m.RetryDelayMS, Error: m.Error}
+		if m.ErrorStatus != nil {
+			ev.ErrorStatus = *m.ErrorStatus
+		}
+		s.emitLocked(contract.EventAPIRetry, ev)
+	case *streamjson.Result:
+		s.finishTurnLocked(p, m)
+	case *streamjson.ControlRequest:
+		p.send(answerControl(m))
+	}
+}
+
+func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
+	msgID := ""
+	if s.turn != nil {
+		msgID = s.turn.ClientMessageID
+	}
+	usage := contract.Usage{
+		InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens,
+		CacheCreationInputTokens: r.Usage.CacheCreationInputTokens, CacheReadInputTokens: r.Usage.CacheReadInputTokens,
+	}
+	turnCost := r.TotalCostUSD - s.meta.CLITotalCostUSD
+	if turnCost < 0 {
+		turnCost = r.TotalCostUSD
+	}
+	s.meta.CLITotalCostUSD = r.TotalCostUSD
+	if !r.IsError {
+		s.emitLocked(contract.EventTurnCompleted, contract.TurnCompleted{
+			ClientMessageID: msgID, Result: r.Result, Usage: usage,
+			CostNanoUSD: int64(math.Round(turnCost * 1e9)), DurationMS: r.DurationMS,
+			NumTurns: r.NumTurns, StopReason: r.StopReason,
+		})
+	} else {
+		f := contract.TurnFailed{ClientMessageID: msgID, Usage: usage, Message: r.Result}
+		switch {
+		case r.TerminalReason == "api_error" || r.APIErrorStatus != nil:
+			f.Reason = contract.FailAPIError
+			if r.APIErrorStatus != nil {
+				f.APIErrorStatus = *r.APIErrorStatus
+			}
+			if f.Message == "" {
+				f.Message = p.apiError
+			}
+		case strings.HasPrefix(r.TerminalReason, "aborted"):
+			f.Reason = contract.FailInterrupted
+		case r.Subtype == "error_max_turns" || r.TerminalReason == "max_turns":
+			f.Reason = contract.FailMaxTurns
+		default:
+			f.Reason = contract.FailExecution
+		}
+		if f.Message == "" && len(r.Errors) > 0 {
+			f.Message = strings.Join(r.Errors, "; ")
+		}
+		s.emitLocked(contract.EventTurnFailed, f)
+	}
+	p.apiError = ""
+	s.turn = nil
+	_ = s.saveLocked()
+	s.pumpLocked()
+	if s.turn == nil {
+		p.armIdleTimer(s.h.cfg.IdleTimeout, func() { s.stopIfIdle(p) })
+	}
+}
+
+// answerControl answers a control request of the CLI. Permission prompts are
+// allowed with the input unchanged; hook callbacks continue; anything else
+// is refused with an error the CLI reports.
+func answerControl(m *streamjson.ControlRequest) []byte {
+	switch m.Subtype() {
+	case "can_use_tool":
+		var req struct {
+			Input     json.RawMessage `json:"input"`
+			ToolUseID string          `json:"tool_use_id"`
+		}
+		_ = json.Unmarshal(m.Request, &req)
+		if len(req.Input) == 0 {
+			req.Input = json.RawMessage("{}")
+		}
+		return streamjson.ControlSuccess(m.RequestID, map[string]any{
+			"behavior": "allow", "updatedInput": req.Input, "toolUseID": req.ToolUseID,
+		})
+	case "hook_callback":
+		return streamjson.ControlSuccess(m.RequestID, map[string]any{"continue": true})
+	default:
+		return streamjson.ControlError(m.RequestID, "unsupported control request "+m.Subtype())
+	}
+}
+
+func joinText(blocks []streamjson.ContentBlock) string {
+	var parts []string
+	for _, b := range blocks {
+		if b.Type == "text" {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// exited is called once p has been reaped.
+func (s *session) exited(p *process) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != p {
+		return
+	}
+	s.proc = nil
+	s.h.proxy.Unregister(s.conv)
+	reason := p.stopReason()
+	if reason == "" {
+		reason = "exited"
+	}
+	if s.turn != nil {
+		f := contract.TurnFailed{ClientMessageID: s.turn.ClientMessageID, Reason: contract.FailProcessExited,
+			Message: fmt.Sprintf("the agent process ended (exit code %d) before the turn finished", p.exitCode)}
+		if reason == "stopped" || reason == "shutdown" {
+			f.Reason = contract.FailInterrupted
+			f.Message = "the session was stopped (" + reason + ") during the turn"
+		}
+		if tail := p.stderrTail(); tail != "" {
+			f.Message += ": " + tail
+		}
+		s.emitLocked(contract.EventTurnFailed, f)
+		s.turn = nil
+	}
+	s.emitLocked(contract.EventSessionStopped, contract.SessionStopped{Reason: reason, ExitCode: p.exitCode})
+	if reason == "stopped" {
+		for _, m := range s.meta.Pending {
+			s.emitLocked(contract.EventTurnFailed, contract.TurnFailed{ClientMessageID: m.ClientMessageID,
+				Reason: contract.FailInterrupted, Message: "the session was stopped before this message ran"})
+		}
+		s.meta.Pending = nil
+	}
+	_ = s.saveLocked()
+	s.pumpLocked()
+}
+
+func (s *session) interrupt() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.turn == nil || s.proc == nil {
+		return false
+	}
+	s.proc.send(streamjson.ControlRequestLine("interrupt-"+uuid.NewString(), "interrupt", nil))
+	return true
+}
+
+// stop stops the process and marks the session stopped.
+func (s *session) stop() {
+	s.mu.Lock()
+	s.meta.Stopped = true
+	_ = s.saveLocked()
+	s.mu.Unlock()
+	s.stopProcess("stopped")
+}
+
+// stopProcess ends the live process, if any, for reason and waits until it
+// is reaped.
+func (s *session) stopProcess(reason string) {
+	s.mu.Lock()
+	p := s.proc
+	if p != nil {
+		p.beginStop(reason)
+	}
+	s.mu.Unlock()
+	if p != nil {
+		p.terminate(s.h.cfg.StopGrace)
+	}
+}
+
+func (s *session) stopIfIdle(p *process) {
+	s.mu.Lock()
+	idle := s.proc == p && s.turn == nil && len(s.meta.Pending) == 0
+	if idle {
+		p.beginStop("idle")
+	}
+	s.mu.Unlock()
+	if idle {
+		s.h.log.Info("stopping idle claude code process", "conversation", s.conv)
+		p.terminate(s.h.cfg.StopGrace)
+	}
+}

@@ -1,0 +1,222 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/harness"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// Server serves the worker API (package contract, docs/worker-api.md).
+type Server struct {
+	h        *harness.Harness
+	verifier *token.Verifier
+	replay   *token.ReplayCache
+	log      *slog.Logger
+	// heartbeat is the interval of SSE comments on idle streams.
+	heartbeat time.Duration
+	mux       *http.ServeMux
+	// notReady turns /readyz false (shutdown begun).
+	notReady atomic.Bool
+}
+
+// NewServer returns the worker API over h. Requests must carry a request
+// token of purpose worker-request for (tenant, env), signed with one of keys.
+func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *slog.Logger) *Server {
+	s := &Server{
+		h:         h,
+		verifier:  token.NewVerifier(token.PurposeWorkerRequest, keys...).ForSubject(tenant, env),
+		replay:    token.NewReplayCache(),
+		log:       log,
+		heartbeat: 15 * time.Second,
+		mux:       http.NewServeMux(),
+	}
+	s.route("POST "+contract.PathSession, s.createSession)
+	s.route("POST "+contract.PathMessages, s.sendMessage)
+	s.route("POST "+contract.PathInterrupt, s.interrupt)
+	s.route("POST "+contract.PathStop, s.stop)
+	s.route("GET "+contract.PathStatus, s.status)
+	s.route("GET "+contract.PathEvents, s.events)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.notReady.Load() {
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	s.mux.Handle("/", httpapi.Handle(log, func(w http.ResponseWriter, r *http.Request) error {
+		return httpapi.NotFound("no such endpoint: %s %s", r.Method, r.URL.Path)
+	}))
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type ctxKeyBody struct{}
+
+// route registers an authenticated handler: the request token is checked
+// before the handler runs; the handler gets the verified body from the context.
+func (s *Server) route(pattern string, h httpapi.HandlerFunc) {
+	s.mux.Handle(pattern, httpapi.Handle(s.log, func(w http.ResponseWriter, r *http.Request) error {
+		body, err := httpapi.ReadBody(w, r, httpapi.DefaultMaxBody)
+		if err != nil {
+			return err
+		}
+		if err := s.authenticate(r, body); err != nil {
+			return err
+		}
+		if err := contract.ValidConversationID(r.PathValue("id")); err != nil {
+			return httpapi.BadRequest("%v", err)
+		}
+		return h(w, r.WithContext(context.WithValue(r.Context(), ctxKeyBody{}, body)))
+	}))
+}
+
+func (s *Server) authenticate(r *http.Request, body []byte) error {
+	raw := r.Header.Get(contract.HeaderWorkerToken)
+	if raw == "" {
+		return httpapi.Unauthorized("missing "+contract.HeaderWorkerToken, nil)
+	}
+	c, err := s.verifier.Verify(raw)
+	if err != nil {
+		s.log.Warn("refused worker request token", "path", r.URL.Path, "token", token.Fingerprint(raw), "err", err)
+		return httpapi.Unauthorized("invalid request token", err)
+	}
+	if err := token.CheckRequest(c, r.Method, r.URL.RequestURI(), body); err != nil {
+		return httpapi.Unauthorized("request token not valid for this request", err)
+	}
+	if err := s.replay.Check(c); err != nil {
+		return httpapi.Unauthorized("request token already used", err)
+	}
+	return nil
+}
+
+func body(r *http.Request) []byte { b, _ := r.Context().Value(ctxKeyBody{}).([]byte); return b }
+
+// mapErr turns harness errors into HTTP errors.
+func mapErr(err error) error {
+	switch {
+	case errors.Is(err, harness.ErrNotFound):
+		return httpapi.NotFound("conversation not found")
+	case errors.Is(err, harness.ErrInvalid):
+		return httpapi.BadRequest("%v", err)
+	case errors.Is(err, harness.ErrUserMismatch):
+		return httpapi.Forbidden("conversation belongs to another user", err)
+	case errors.Is(err, harness.ErrShuttingDown):
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "worker shutting down", err)
+	}
+	return err
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+	var req contract.CreateSessionRequest
+	if err := httpapi.DecodeJSON(r, body(r), &req); err != nil {
+		return err
+	}
+	st, err := s.h.CreateSession(r.PathValue("id"), req)
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
+	var req contract.SendMessageRequest
+	if err := httpapi.DecodeJSON(r, body(r), &req); err != nil {
+		return err
+	}
+	resp, err := s.h.SendMessage(r.PathValue("id"), req)
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, resp)
+	return nil
+}
+
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
+	ok, err := s.h.Interrupt(r.PathValue("id"))
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, contract.InterruptResponse{Interrupted: ok})
+	return nil
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.h.Stop(r.PathValue("id"))
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.h.Status(r.PathValue("id"))
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, st)
+	return nil
+}
+
+// events streams the conversation's events after Last-Event-ID (header, or
+// the "after" query parameter) until the client leaves.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
+	after, err := lastEventID(r)
+	if err != nil {
+		return err
+	}
+	elog, err := s.h.Events(r.PathValue("id"))
+	if err != nil {
+		return mapErr(err)
+	}
+	sw := sse.NewWriter(w)
+	w.WriteHeader(http.StatusOK)
+	if err := sw.Flush(); err != nil {
+		return nil
+	}
+	err = elog.Follow(r.Context(), after, s.heartbeat, func(ev contract.Event) error {
+		return writeEvent(sw, ev)
+	}, func() error { return sw.WriteComment("heartbeat") })
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, sessionstore.ErrClosed) {
+		s.log.Info("event stream ended", "conversation", r.PathValue("id"), "err", err)
+	}
+	return nil // the stream has started: nothing more can be answered
+}
+
+// writeEvent writes one contract.Event as a server-sent event.
+func writeEvent(sw *sse.Writer, ev contract.Event) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return sw.WriteEvent(sse.Event{ID: strconv.FormatInt(ev.ID, 10), Type: string(ev.Type), Data: data})
+}
+
+func lastEventID(r *http.Request) (int64, error) {
+	v := r.Header.Get(contract.HeaderLastEventID)
+	if v == "" {
+		v = r.URL.Query().Get("after")
+	}
+	id, err := sse.ParseID(v)
+	if err != nil {
+		return 0, httpapi.BadRequest("%v", err)
+	}
+	return id, nil
+}
