@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/httpapi"
 )
 
 // MintClient calls the mint endpoint with the worker's identity token.
@@ -40,7 +41,7 @@ var defaultMintHTTP = &http.Client{Timeout: 10 * time.Second}
 // when the endpoint answers with an error status, or a transport error.
 func (c *MintClient) Mint(ctx context.Context, conv string) (contract.MintResponse, error) {
 	body, _ := json.Marshal(contract.MintRequest{ConversationID: conv})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base.JoinPath(contract.PathMint).String(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, httpapi.JoinURL(c.Base, contract.PathMint).String(), bytes.NewReader(body))
 	if err != nil {
 		return contract.MintResponse{}, fmt.Errorf("mint: %w", err)
 	}

@@ -222,7 +222,7 @@ var _ GatewayProxy = (*NoOpGatewayProxy)(nil)
 
 // Target returns Upstream + apiPath with x-api-key set.
 func (p *NoOpGatewayProxy) Target(_ context.Context, _, apiPath string) (*url.URL, http.Header, error) {
-	u := p.Upstream.JoinPath(apiPath)
+	u := httpapi.JoinURL(p.Upstream, apiPath)
 	h := http.Header{}
 	if p.APIKey != "" {
 		h.Set("X-Api-Key", p.APIKey)
@@ -253,7 +253,7 @@ func (p *MintingGatewayProxy) Target(ctx context.Context, conv, apiPath string) 
 		}
 		return nil, nil, &Error{Status: http.StatusServiceUnavailable, Type: anthropic.ErrAPI, Msg: "token mint unavailable", Err: err}
 	}
-	u := p.Gateway.JoinPath(contract.PathGatewayPrefix, apiPath)
+	u := httpapi.JoinURL(p.Gateway, contract.PathGatewayPrefix, apiPath)
 	h := http.Header{}
 	h.Set(contract.HeaderWorkerToken, tok.Token)
 	return u, h, nil

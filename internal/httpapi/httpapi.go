@@ -19,6 +19,8 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -202,4 +204,18 @@ func Serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Du
 		return nil // streams were cut at the end of the grace period
 	}
 	return err
+}
+
+// JoinURL returns base with elem joined to its path, always with a leading
+// slash. (url.URL.JoinPath leaves the path of a base without one relative,
+// "api/x", which net/http then sends as an invalid request line.)
+func JoinURL(base *url.URL, elem ...string) *url.URL {
+	u := base.JoinPath(elem...)
+	if !strings.HasPrefix(u.Path, "/") {
+		u.Path = "/" + u.Path
+		if u.RawPath != "" {
+			u.RawPath = "/" + u.RawPath
+		}
+	}
+	return u
 }

@@ -37,9 +37,18 @@ type Meta struct {
 	// AcceptedMessages are the client message ids accepted so far, newest
 	// last, bounded by MaxAcceptedMessages.
 	AcceptedMessages []string `json:"accepted_messages,omitempty"`
+	// Pending are accepted messages whose turn has not started, oldest first.
+	Pending []PendingMessage `json:"pending,omitempty"`
 	// CLITotalCostUSD is the CLI's cumulative session cost at the last result
 	// line (the CLI's own figure, used to derive per-turn cost).
 	CLITotalCostUSD float64 `json:"cli_total_cost_usd,omitempty"`
+}
+
+// PendingMessage is an accepted user message waiting for its turn.
+type PendingMessage struct {
+	ClientMessageID string    `json:"client_message_id"`
+	Text            string    `json:"text"`
+	AcceptedAt      time.Time `json:"accepted_at"`
 }
 
 // MaxAcceptedMessages bounds Meta.AcceptedMessages; a retried send older than

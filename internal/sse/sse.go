@@ -11,6 +11,7 @@ package sse
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,15 @@ func (s *Writer) WriteEvent(e Event) error {
 		return err
 	}
 	return s.Flush()
+}
+
+// WriteJSON writes an event whose data is v marshalled as JSON.
+func (s *Writer) WriteJSON(id, typ string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("sse: marshal %s event: %w", typ, err)
+	}
+	return s.WriteEvent(Event{ID: id, Type: typ, Data: data})
 }
 
 // WriteComment writes a comment line (": text"), used as a heartbeat that

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -192,21 +191,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	err = elog.Follow(r.Context(), after, s.heartbeat, func(ev contract.Event) error {
-		return writeEvent(sw, ev)
+		return sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev)
 	}, func() error { return sw.WriteComment("heartbeat") })
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, sessionstore.ErrClosed) {
 		s.log.Info("event stream ended", "conversation", r.PathValue("id"), "err", err)
 	}
 	return nil // the stream has started: nothing more can be answered
-}
-
-// writeEvent writes one contract.Event as a server-sent event.
-func writeEvent(sw *sse.Writer, ev contract.Event) error {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	return sw.WriteEvent(sse.Event{ID: strconv.FormatInt(ev.ID, 10), Type: string(ev.Type), Data: data})
 }
 
 func lastEventID(r *http.Request) (int64, error) {

@@ -1,0 +1,129 @@
+// Command talkide-controlplane runs the control plane: the browser
+// conversation API and SSE stream, the mint endpoint and the gateway-proxy.
+//
+//	talkide-controlplane                  serve (configuration from the environment)
+//	talkide-controlplane new-master-key   print a fresh TALKIDE_MASTER_KEYS entry
+//	talkide-controlplane worker-credentials -tenant T -env E
+//	                                      issue an identity token for T/E and print it
+//	                                      with the worker's request key
+//
+// Environment: see controlplane.Config and the README.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/token"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talkide-controlplane:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if len(args) > 0 {
+		switch args[0] {
+		case "new-master-key":
+			mk, err := token.NewMasterKey("k1")
+			if err != nil {
+				return err
+			}
+			fmt.Println(mk.String())
+			return nil
+		case "worker-credentials":
+			return workerCredentials(ctx, args[1:], log)
+		default:
+			return fmt.Errorf("unknown command %q", args[0])
+		}
+	}
+	cfg, err := configFromEnv(log)
+	if err != nil {
+		return err
+	}
+	return controlplane.Run(ctx, cfg, nil)
+}
+
+func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
+	cfg := controlplane.Config{
+		Addr:              os.Getenv("TALKIDE_HTTP_ADDR"),
+		DBPath:            os.Getenv("TALKIDE_DB_PATH"),
+		APIKey:            os.Getenv("ANTHROPIC_API_KEY"),
+		WorkerURLTemplate: os.Getenv("TALKIDE_WORKER_URL_TEMPLATE"),
+		DevUserToken:      os.Getenv("TALKIDE_DEV_USER_TOKEN"),
+		Logger:            log,
+	}
+	if v := os.Getenv("TALKIDE_MASTER_KEYS"); v != "" {
+		keys, err := token.ParseKeys(v)
+		if err != nil {
+			return cfg, fmt.Errorf("TALKIDE_MASTER_KEYS: %w", err)
+		}
+		for _, k := range keys {
+			cfg.MasterKeys = append(cfg.MasterKeys, token.MasterKey(k))
+		}
+	}
+	if v := os.Getenv("TALKIDE_UPSTREAM_URL"); v != "" {
+		u, err := url.Parse(v)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return cfg, fmt.Errorf("TALKIDE_UPSTREAM_URL %q: want an absolute URL", v)
+		}
+		cfg.Upstream = u
+	}
+	if v := os.Getenv("TALKIDE_DEFAULT_USER_LIMIT_USD"); v != "" {
+		d, err := strconv.ParseFloat(v, 64)
+		if err != nil || d <= 0 {
+			return cfg, fmt.Errorf("TALKIDE_DEFAULT_USER_LIMIT_USD %q: want a positive number of dollars", v)
+		}
+		cfg.DefaultUserLimit = int64(d * 1e9)
+	}
+	for name, dst := range map[string]*[][2]string{"TALKIDE_DEV_GRANTS": &cfg.DevGrants, "TALKIDE_HEALTH_WORKERS": &cfg.HealthWorkers} {
+		te, err := controlplane.ParseTenantEnvs(os.Getenv(name))
+		if err != nil {
+			return cfg, fmt.Errorf("%s: %w", name, err)
+		}
+		*dst = te
+	}
+	return cfg, cfg.Validate()
+}
+
+func workerCredentials(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("worker-credentials", flag.ContinueOnError)
+	tenant := fs.String("tenant", "", "tenant")
+	env := fs.String("env", "", "env")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := configFromEnv(log)
+	if err != nil {
+		return err
+	}
+	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	idTok, err := mint.New(db, cfg.MasterKeys[0], log).IssueIdentity(ctx, *tenant, *env, 0)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("TALKIDE_WORKER_IDENTITY_TOKEN=%s\n", idTok)
+	fmt.Printf("TALKIDE_WORKER_REQUEST_KEYS=%s\n", token.FormatKey(cfg.MasterKeys[0].Derive(token.PurposeWorkerRequest, *tenant, *env)))
+	return nil
+}

@@ -1,0 +1,79 @@
+// Command talkide-worker runs the per-tenant worker: the Claude Code
+// sessions of one tenant-env, behind a signed HTTP API for the control plane.
+// Configuration comes from the environment; see worker.Config and the README.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talkide-worker:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	cfg, err := configFromEnv()
+	if err != nil {
+		return err
+	}
+	return worker.Run(ctx, cfg, nil)
+}
+
+func configFromEnv() (worker.Config, error) {
+	cfg := worker.Config{
+		Tenant:          os.Getenv("TALKIDE_TENANT"),
+		Env:             os.Getenv("TALKIDE_ENV"),
+		Addr:            os.Getenv("TALKIDE_WORKER_ADDR"),
+		IdentityToken:   os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN"),
+		SessionDir:      os.Getenv("TALKIDE_SESSION_DIR"),
+		ClaudeConfigDir: os.Getenv("CLAUDE_CONFIG_DIR"),
+		ClaudeBin:       os.Getenv("TALKIDE_CLAUDE_BIN"),
+		Model:           os.Getenv("TALKIDE_MODEL"),
+		PermissionMode:  os.Getenv("TALKIDE_PERMISSION_MODE"),
+		CLIExtraEnv:     worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
+		Logger:          slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+	}
+	if v := os.Getenv("TALKIDE_WORKER_REQUEST_KEYS"); v != "" {
+		keys, err := token.ParseKeys(v)
+		if err != nil {
+			return cfg, fmt.Errorf("TALKIDE_WORKER_REQUEST_KEYS: %w", err)
+		}
+		cfg.RequestKeys = keys
+	}
+	for name, dst := range map[string]**url.URL{"TALKIDE_GATEWAY_BASE_URL": &cfg.GatewayBaseURL, "TALKIDE_NOOP_UPSTREAM_URL": &cfg.NoOpUpstream} {
+		if v := os.Getenv(name); v != "" {
+			u, err := url.Parse(v)
+			if err != nil || u.Scheme == "" || u.Host == "" {
+				return cfg, fmt.Errorf("%s %q: want an absolute URL", name, v)
+			}
+			*dst = u
+		}
+	}
+	if cfg.NoOpUpstream != nil {
+		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
+	}
+	if v := os.Getenv("TALKIDE_IDLE_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return cfg, fmt.Errorf("TALKIDE_IDLE_TIMEOUT %q: want a positive duration such as 10m", v)
+		}
+		cfg.IdleTimeout = d
+	}
+	return cfg, cfg.Validate()
+}

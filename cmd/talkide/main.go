@@ -1,0 +1,51 @@
+// Command talkide runs the whole TalkIDE platform on one machine:
+//
+//	talkide run
+//
+// It starts the control plane (SQLite), one worker for tenant demo / env dev,
+// and the development upstream unless ANTHROPIC_API_KEY is set, then prints
+// where to go. See the README.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/talkide/talkide/internal/localrun"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talkide:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) != 1 || args[0] != "run" {
+		return fmt.Errorf("usage: talkide run")
+	}
+	var workerEnv []string
+	for _, name := range []string{"TALKIDE_MODEL", "TALKIDE_PERMISSION_MODE", "TALKIDE_IDLE_TIMEOUT", "TALKIDE_CLI_EXTRA_ENV", "TALKIDE_CLAUDE_BIN"} {
+		if v := os.Getenv(name); v != "" {
+			workerEnv = append(workerEnv, name+"="+v)
+		}
+	}
+	return localrun.Run(ctx, localrun.Config{
+		StateDir:     os.Getenv("TALKIDE_STATE_DIR"),
+		HTTPAddr:     os.Getenv("TALKIDE_HTTP_ADDR"),
+		APIKey:       os.Getenv("ANTHROPIC_API_KEY"),
+		UpstreamURL:  strings.TrimRight(os.Getenv("ANTHROPIC_BASE_URL"), "/"),
+		DevUserToken: os.Getenv("TALKIDE_DEV_USER_TOKEN"),
+		WorkerEnv:    workerEnv,
+		Logger:       slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	})
+}

@@ -1,0 +1,86 @@
+package controlplane
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/talkide/talkide/internal/budget"
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/workerclient"
+)
+
+//go:embed page.html
+var page []byte
+
+// NewServer assembles the control plane over db. cfg must have passed
+// Validate.
+func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
+	master := cfg.MasterKeys[0]
+	s := &Server{
+		cfg: cfg, db: db, master: master, log: cfg.Logger, mux: http.NewServeMux(),
+		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
+		heartbeat: 15 * time.Second,
+	}
+	m := mint.New(db, master, cfg.Logger.With("component", "mint"))
+	var gwKeys []token.Key
+	for _, mk := range cfg.MasterKeys {
+		gwKeys = append(gwKeys, mk.Derive(token.PurposeGateway, "", ""))
+	}
+	gw := gateway.New(gateway.Config{
+		Upstream: cfg.Upstream,
+		APIKey:   cfg.APIKey,
+		Keys:     gwKeys,
+		Budget:   budget.NewService(db, budget.Config{DefaultLimit: cfg.DefaultUserLimit}),
+		Logger:   cfg.Logger.With("component", "gateway"),
+	})
+	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
+	s.mux.Handle("POST /api/conversations", h(s.createConversation))
+	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
+	s.mux.Handle("POST /api/conversations/{id}/messages", h(s.sendMessage))
+	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
+	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
+	s.mux.Handle("GET /healthz", h(s.healthz))
+	s.mux.Handle("POST "+contract.PathMint, m)
+	s.mux.Handle(contract.PathGatewayPrefix+"/", gw)
+	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
+		w.Write(page)
+	})
+	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
+		return httpapi.NotFound("no such endpoint: %s %s", r.Method, r.URL.Path)
+	}))
+	return s, m
+}
+
+// Run opens the database, sets up the dev user if configured, and serves on
+// ln (or cfg.Addr when ln is nil) until ctx ends.
+func Run(ctx context.Context, cfg Config, ln net.Listener) error {
+	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if cfg.DevUserToken != "" {
+		if err := db.UpsertUser(ctx, controlstore.User{ID: "dev", TokenHash: HashUserToken(cfg.DevUserToken)}, cfg.DevGrants...); err != nil {
+			return err
+		}
+	}
+	s, _ := NewServer(cfg, db)
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
+			return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+		}
+	}
+	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
+	return httpapi.Serve(ctx, httpapi.NewServer(ctx, ln.Addr().String(), s, cfg.Logger), ln, cfg.ShutdownGrace)
+}

@@ -1,0 +1,412 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/workerclient"
+)
+
+// Server is the control plane's HTTP handler.
+type Server struct {
+	cfg     Config
+	db      *controlstore.DB
+	master  token.MasterKey
+	log     *slog.Logger
+	mux     *http.ServeMux
+	workers *workerDirectory
+	// heartbeat is the interval of SSE comments to browsers.
+	heartbeat time.Duration
+}
+
+// workerDirectory finds and caches the client of each tenant-env's worker.
+type workerDirectory struct {
+	template string
+	master   token.MasterKey
+
+	mu sync.Mutex
+	// clients caches one client per "tenant/env"; guarded by mu.
+	clients map[string]*workerclient.Client
+}
+
+func (d *workerDirectory) client(tenant, env string) (*workerclient.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := tenant + "/" + env
+	if c, ok := d.clients[key]; ok {
+		return c, nil
+	}
+	raw := strings.NewReplacer("{tenant}", tenant, "{env}", env).Replace(d.template)
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	c := workerclient.New(u, tenant, env, d.master.Derive(token.PurposeWorkerRequest, tenant, env))
+	d.clients[key] = c
+	return c, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// user authenticates the browser request's bearer token.
+func (s *Server) user(r *http.Request) (controlstore.User, error) {
+	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || raw == "" {
+		return controlstore.User{}, httpapi.Unauthorized("missing bearer token (Authorization: Bearer <user token>)", nil)
+	}
+	u, err := s.db.UserByTokenHash(r.Context(), HashUserToken(raw))
+	if errors.Is(err, controlstore.ErrNotFound) {
+		return controlstore.User{}, httpapi.Unauthorized("unknown user token", nil)
+	}
+	return u, err
+}
+
+// HashUserToken returns the stored form of a user's bearer token.
+func HashUserToken(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return hex.EncodeToString(sum[:])
+}
+
+// conversation loads conversation id for user u; another user's
+// conversation is reported as not found.
+func (s *Server) conversation(r *http.Request, u controlstore.User) (controlstore.Conversation, error) {
+	id := r.PathValue("id")
+	if contract.ValidConversationID(id) != nil {
+		return controlstore.Conversation{}, httpapi.NotFound("conversation not found")
+	}
+	c, err := s.db.Conversation(r.Context(), id)
+	if errors.Is(err, controlstore.ErrNotFound) || (err == nil && c.UserID != u.ID) {
+		return controlstore.Conversation{}, httpapi.NotFound("conversation not found")
+	}
+	return c, err
+}
+
+// workerError maps a worker client error to a browser API error.
+func workerError(err error) error {
+	var we *workerclient.Error
+	switch {
+	case errors.As(err, &we):
+		status := we.Status
+		if status >= 500 {
+			status = http.StatusBadGateway
+		}
+		return httpapi.Wrap(status, we.Type, "worker: "+we.Msg, err)
+	case errors.Is(err, workerclient.ErrUnavailable):
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err)
+	}
+	return err
+}
+
+// retryUnavailable runs f until it succeeds, fails with an answer from the
+// worker, or the worker stays unreachable for about 15 s (a restart).
+func retryUnavailable(ctx context.Context, f func(ctx context.Context) error) error {
+	deadline := time.Now().Add(15 * time.Second)
+	delay := 100 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || !errors.Is(err, workerclient.ErrUnavailable) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+}
+
+type createConversationRequest struct {
+	Tenant string `json:"tenant"`
+	Env    string `json:"env"`
+	Model  string `json:"model,omitempty"`
+}
+
+type conversationResponse struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	Env    string `json:"env"`
+	// Worker is the worker's view of the session, when it answered.
+	Worker *contract.SessionStatus `json:"worker,omitempty"`
+}
+
+func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	body, err := httpapi.ReadBody(w, r, 16<<10)
+	if err != nil {
+		return err
+	}
+	var req createConversationRequest
+	if err := httpapi.DecodeJSON(r, body, &req); err != nil {
+		return err
+	}
+	if !validName(req.Tenant) || !validName(req.Env) {
+		return httpapi.BadRequest("tenant and env must be 1-30 characters of [a-z0-9-]")
+	}
+	ok, err := s.db.HasGrant(r.Context(), u.ID, req.Tenant, req.Env)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return httpapi.Forbidden("you have no access to "+req.Tenant+"/"+req.Env, nil)
+	}
+	c := controlstore.Conversation{ID: uuid.NewString(), Tenant: req.Tenant, Env: req.Env, UserID: u.ID, CreatedAt: time.Now().UTC()}
+	if err := s.db.CreateConversation(r.Context(), c); err != nil {
+		return err
+	}
+	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
+	// Create the session on the worker now so the first message starts
+	// faster; if the worker is down, the first message creates it.
+	if wc, err := s.workers.client(c.Tenant, c.Env); err == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model})
+		cancel()
+		if err != nil {
+			s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
+		} else {
+			resp.Worker = &st
+		}
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, resp)
+	return nil
+}
+
+func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return err
+	}
+	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return err
+	}
+	st, err := wc.Status(r.Context(), c.ID)
+	var we *workerclient.Error
+	switch {
+	case err == nil:
+		resp.Worker = &st
+	case errors.As(err, &we) && we.Status == http.StatusNotFound:
+	default:
+		return workerError(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+type sendMessageRequest struct {
+	Text string `json:"text"`
+	// ClientMessageID makes a retried send safe; generated when empty.
+	ClientMessageID string `json:"client_message_id,omitempty"`
+}
+
+func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return err
+	}
+	body, err := httpapi.ReadBody(w, r, contract.MaxMessageBytes+16<<10)
+	if err != nil {
+		return err
+	}
+	var req sendMessageRequest
+	if err := httpapi.DecodeJSON(r, body, &req); err != nil {
+		return err
+	}
+	if strings.TrimSpace(req.Text) == "" {
+		return httpapi.BadRequest("text must not be empty")
+	}
+	if len(req.Text) > contract.MaxMessageBytes {
+		return httpapi.Errorf(http.StatusRequestEntityTooLarge, contract.ErrTypeTooLarge, "text over %d bytes", contract.MaxMessageBytes)
+	}
+	if req.ClientMessageID == "" {
+		req.ClientMessageID = uuid.NewString()
+	} else if contract.ValidConversationID(req.ClientMessageID) != nil {
+		return httpapi.BadRequest("client_message_id must be 1-64 characters of [A-Za-z0-9_-]")
+	}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return err
+	}
+	var resp contract.SendMessageResponse
+	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
+		var err error
+		resp, err = wc.SendMessage(ctx, c.ID, contract.SendMessageRequest{ClientMessageID: req.ClientMessageID, UserID: u.ID, Text: req.Text})
+		return err
+	})
+	if err != nil {
+		return workerError(err)
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, resp)
+	return nil
+}
+
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return err
+	}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return err
+	}
+	resp, err := wc.Interrupt(r.Context(), c.ID)
+	if err != nil {
+		return workerError(err)
+	}
+	httpapi.WriteJSON(w, http.StatusAccepted, resp)
+	return nil
+}
+
+// stream relays the worker's event stream to the browser. It resumes after
+// Last-Event-ID and, when the worker stream breaks (a worker restart), it
+// reconnects from the last relayed id while the browser stays connected, so
+// the browser sees every event once, in order.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return err
+	}
+	last := r.Header.Get(contract.HeaderLastEventID)
+	if last == "" {
+		last = r.URL.Query().Get("after")
+	}
+	after, err := sse.ParseID(last)
+	if err != nil {
+		return httpapi.BadRequest("%v", err)
+	}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	// Open the first worker stream before answering, so a refusal becomes a
+	// proper HTTP error.
+	es, err := wc.Events(ctx, c.ID, after)
+	var we *workerclient.Error
+	if errors.As(err, &we) && we.Status == http.StatusNotFound {
+		es, err = nil, nil // no session yet: wait for it below
+	} else if err != nil && !errors.Is(err, workerclient.ErrUnavailable) {
+		return workerError(err)
+	}
+	sw := sse.NewWriter(w)
+	w.WriteHeader(http.StatusOK)
+	if err := sw.WriteComment("talkide conversation " + c.ID); err != nil {
+		return nil
+	}
+	events := make(chan contract.Event)
+	go func() {
+		defer close(events)
+		delay := 200 * time.Millisecond
+		for ctx.Err() == nil {
+			if es == nil {
+				es, err = wc.Events(ctx, c.ID, after)
+				if err != nil {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(delay):
+					}
+					delay = min(delay*2, 3*time.Second)
+					continue
+				}
+			}
+			delay = 200 * time.Millisecond
+			for {
+				ev, err := es.Next()
+				if err != nil {
+					if ctx.Err() == nil && !errors.Is(err, io.EOF) {
+						s.log.Info("worker event stream broke; reconnecting", "conversation", c.ID, "after", after, "err", err)
+					}
+					break
+				}
+				if ev.ID <= after {
+					continue // never relay an event twice
+				}
+				select {
+				case events <- ev:
+					after = ev.ID
+				case <-ctx.Done():
+					es.Close()
+					return
+				}
+			}
+			es.Close()
+			es = nil
+		}
+	}()
+	tick := time.NewTicker(s.heartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return nil
+			}
+			if err := sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev); err != nil {
+				return nil // browser gone; ctx cancellation stops the reader
+			}
+		case <-tick.C:
+			if err := sw.WriteComment("heartbeat"); err != nil {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.db.SQL.PingContext(ctx); err != nil {
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "database unavailable", err)
+	}
+	for _, te := range s.cfg.HealthWorkers {
+		wc, err := s.workers.client(te[0], te[1])
+		if err != nil {
+			return err
+		}
+		if err := wc.Ready(ctx); err != nil {
+			return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "worker "+te[0]+"/"+te[1]+" not ready", err)
+		}
+	}
+	httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}

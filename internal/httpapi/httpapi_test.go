@@ -1,0 +1,79 @@
+package httpapi
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// TestJoinURLLeadingSlash guards against url.JoinPath's relative result for
+// a base without a path, which made every gateway call fail with a reset.
+func TestJoinURLLeadingSlash(t *testing.T) {
+	for base, want := range map[string]string{
+		"http://h:1":      "/api/x/v1",
+		"http://h:1/":     "/api/x/v1",
+		"http://h:1/pre":  "/pre/api/x/v1",
+		"http://h:1/pre/": "/pre/api/x/v1",
+	} {
+		u, _ := url.Parse(base)
+		if got := JoinURL(u, "/api/x", "v1"); got.Path != want || got.RequestURI() != want {
+			t.Errorf("JoinURL(%q): got path %q uri %q, want %q", base, got.Path, got.RequestURI(), want)
+		}
+	}
+}
+
+func TestWriteErrorShape(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	cases := []struct {
+		err        error
+		wantStatus int
+		wantBody   string
+	}{
+		{NotFound("conversation %s not found", "c1"), 404, `{"error":{"type":"not_found","message":"conversation c1 not found"}}`},
+		{errors.New("db exploded: secret detail"), 500, `{"error":{"type":"internal_error","message":"internal error"}}`},
+	}
+	for _, tc := range cases {
+		rec := httptest.NewRecorder()
+		WriteError(log, rec, httptest.NewRequest("GET", "/x", nil), tc.err)
+		if rec.Code != tc.wantStatus || strings.TrimSpace(rec.Body.String()) != tc.wantBody {
+			t.Errorf("got %d %s, want %d %s", rec.Code, rec.Body.String(), tc.wantStatus, tc.wantBody)
+		}
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	type v struct {
+		A string `json:"a"`
+	}
+	cases := []struct {
+		ct, body   string
+		wantStatus int
+	}{
+		{"application/json", `{"a":"x"}`, 0},
+		{"", `{"a":"x"}`, 0},
+		{"application/json; charset=utf-8", `{"a":"x"}`, 0},
+		{"text/plain", `{"a":"x"}`, http.StatusUnsupportedMediaType},
+		{"application/json", `{"a":"x","b":1}`, http.StatusBadRequest},
+		{"application/json", `{"a":"x"} {}`, http.StatusBadRequest},
+		{"application/json", `{"a":`, http.StatusBadRequest},
+	}
+	for _, tc := range cases {
+		r := httptest.NewRequest("POST", "/", nil)
+		if tc.ct != "" {
+			r.Header.Set("Content-Type", tc.ct)
+		}
+		var out v
+		err := DecodeJSON(r, []byte(tc.body), &out)
+		var he *Error
+		switch {
+		case tc.wantStatus == 0 && err != nil:
+			t.Errorf("%q %q: got %v", tc.ct, tc.body, err)
+		case tc.wantStatus != 0 && (!errors.As(err, &he) || he.Status != tc.wantStatus):
+			t.Errorf("%q %q: got %v, want status %d", tc.ct, tc.body, err, tc.wantStatus)
+		}
+	}
+}

@@ -1,0 +1,266 @@
+// Package localrun runs the whole platform on one machine (`make run`): the
+// control plane on SQLite, one worker for tenant demo / env dev as its own OS
+// process (restarted when it dies, like a pod), and the development upstream
+// unless ANTHROPIC_API_KEY is set. It keeps its state (master key, user
+// token, database, session volume, logs) in one directory.
+//
+// Main entry: Run with a Config. It is a launcher for development and demos,
+// not a production process manager; production runs the same binaries on
+// Kubernetes.
+package localrun
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// Config configures Run. Zero values take the defaults noted.
+type Config struct {
+	// StateDir holds everything the run keeps. Default ".talkide".
+	StateDir string
+	// HTTPAddr is the control plane's address (TALKIDE_HTTP_ADDR). Default
+	// 127.0.0.1:8080.
+	HTTPAddr string
+	// BinDir holds talkide-controlplane, talkide-worker and
+	// talkide-devupstream. Default: the directory of the running executable.
+	BinDir string
+	// APIKey (ANTHROPIC_API_KEY), when set, makes the real Anthropic API the
+	// upstream (UpstreamURL, default https://api.anthropic.com) instead of
+	// the development upstream.
+	APIKey      string
+	UpstreamURL string
+	// DevUserToken is the browser user's bearer token
+	// (TALKIDE_DEV_USER_TOKEN); generated and kept in StateDir when empty.
+	DevUserToken string
+	// Tenant and Env of the one worker. Default demo / dev.
+	Tenant, Env string
+	// WorkerEnv are extra environment entries for the worker (e.g.
+	// TALKIDE_MODEL=..., TALKIDE_IDLE_TIMEOUT=...).
+	WorkerEnv []string
+	// Out receives the banner. Default os.Stdout.
+	Out    io.Writer
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.StateDir == "" {
+		c.StateDir = ".talkide"
+	}
+	abs, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return err
+	}
+	c.StateDir = abs
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8080"
+	}
+	if c.BinDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		c.BinDir = filepath.Dir(exe)
+	}
+	if c.UpstreamURL == "" {
+		c.UpstreamURL = "https://api.anthropic.com"
+	}
+	if c.Tenant == "" {
+		c.Tenant, c.Env = "demo", "dev"
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Run starts the platform and blocks until ctx ends, then stops every process.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.setDefaults(); err != nil {
+		return err
+	}
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "logs")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	master, err := loadOrCreateMaster(filepath.Join(cfg.StateDir, "master.key"))
+	if err != nil {
+		return err
+	}
+	userToken := cfg.DevUserToken
+	if userToken == "" {
+		if userToken, err = loadOrCreateSecret(filepath.Join(cfg.StateDir, "dev-user-token")); err != nil {
+			return err
+		}
+	}
+	dbPath := filepath.Join(cfg.StateDir, "controlplane.db")
+	identity, err := issueIdentity(ctx, dbPath, master, cfg.Tenant, cfg.Env)
+	if err != nil {
+		return err
+	}
+	workerAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	cpURL := "http://" + cfg.HTTPAddr
+
+	var procs []*proc
+	upstream, upstreamNote := cfg.UpstreamURL, "the Anthropic API (ANTHROPIC_API_KEY is set)"
+	if cfg.APIKey == "" {
+		devAddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		upstream = "http://" + devAddr
+		upstreamNote = "the development upstream at " + upstream + " (set ANTHROPIC_API_KEY to use the real API)"
+		procs = append(procs, &proc{name: "devupstream", bin: filepath.Join(cfg.BinDir, "talkide-devupstream"),
+			env: []string{"TALKIDE_DEVUPSTREAM_ADDR=" + devAddr}})
+	}
+	cpEnv := []string{
+		"TALKIDE_HTTP_ADDR=" + cfg.HTTPAddr,
+		"TALKIDE_DB_PATH=" + dbPath,
+		"TALKIDE_MASTER_KEYS=" + master.String(),
+		"TALKIDE_UPSTREAM_URL=" + upstream,
+		"TALKIDE_WORKER_URL_TEMPLATE=http://" + workerAddr,
+		"TALKIDE_DEV_USER_TOKEN=" + userToken,
+		"TALKIDE_DEV_GRANTS=" + cfg.Tenant + "/" + cfg.Env,
+		"TALKIDE_HEALTH_WORKERS=" + cfg.Tenant + "/" + cfg.Env,
+	}
+	if cfg.APIKey != "" {
+		cpEnv = append(cpEnv, "ANTHROPIC_API_KEY="+cfg.APIKey) // only the control plane holds the key
+	}
+	procs = append(procs, &proc{name: "controlplane", bin: filepath.Join(cfg.BinDir, "talkide-controlplane"), env: cpEnv})
+	procs = append(procs, &proc{name: "worker", bin: filepath.Join(cfg.BinDir, "talkide-worker"), env: append([]string{
+		"TALKIDE_TENANT=" + cfg.Tenant,
+		"TALKIDE_ENV=" + cfg.Env,
+		"TALKIDE_WORKER_ADDR=" + workerAddr,
+		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, cfg.Tenant, cfg.Env)),
+		"TALKIDE_GATEWAY_BASE_URL=" + cpURL,
+		"TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
+		"TALKIDE_SESSION_DIR=" + filepath.Join(cfg.StateDir, "sessions", cfg.Tenant+"-"+cfg.Env),
+	}, cfg.WorkerEnv...)})
+	for _, p := range procs {
+		if _, err := os.Stat(p.bin); err != nil {
+			return fmt.Errorf("%s binary missing (run `make build`): %w", p.name, err)
+		}
+		p.logPath = filepath.Join(cfg.StateDir, "logs", p.name+".log")
+		p.log = cfg.Logger.With("process", p.name)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		supervise(ctx, procs)
+	}()
+	if err := waitHealthy(ctx, cpURL+"/healthz", 90*time.Second); err != nil {
+		cancel()
+		<-done
+		return fmt.Errorf("platform did not become healthy (see %s): %w", filepath.Join(cfg.StateDir, "logs"), err)
+	}
+	fmt.Fprintf(cfg.Out, `
+TalkIDE is running.
+
+  Open in a browser:  %[1]s/#token=%[2]s
+  User token:         %[2]s   (Authorization: Bearer <token>)
+  Tenant / env:       %[3]s / %[4]s
+  Model upstream:     %[5]s
+  State and logs:     %[6]s
+
+Try it from a shell:
+  T=%[2]s
+  C=$(curl -s -H "Authorization: Bearer $T" -d '{"tenant":"%[3]s","env":"%[4]s"}' %[1]s/api/conversations | sed 's/.*"id":"\([^"]*\)".*/\1/')
+  curl -s -H "Authorization: Bearer $T" -d '{"text":"please run `+"`echo hello-from-talkide`"+`"}' %[1]s/api/conversations/$C/messages
+  curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
+
+Stop with Ctrl-C.
+`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir)
+	<-done
+	return nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func loadOrCreateMaster(path string) (token.MasterKey, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		return token.ParseMasterKey(strings.TrimSpace(string(b)))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return token.MasterKey{}, err
+	}
+	mk, err := token.NewMasterKey("local1")
+	if err != nil {
+		return mk, err
+	}
+	return mk, sessionstore.WriteFileAtomic(path, []byte(mk.String()+"\n"), 0o600)
+}
+
+func loadOrCreateSecret(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	s := "tk_" + base64.RawURLEncoding.EncodeToString(b)
+	return s, sessionstore.WriteFileAtomic(path, []byte(s+"\n"), 0o600)
+}
+
+func issueIdentity(ctx context.Context, dbPath string, master token.MasterKey, tenant, env string) (string, error) {
+	db, err := controlstore.OpenSQLite(ctx, dbPath)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	return mint.New(db, master, slog.New(slog.DiscardHandler)).IssueIdentity(ctx, tenant, env, 0)
+}
+
+func waitHealthy(ctx context.Context, url string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("healthz answered %d", resp.StatusCode)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return last
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package localrun
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one supervised process.
+type proc struct {
+	name    string
+	bin     string
+	env     []string
+	logPath string
+	log     *slog.Logger
+}
+
+// childEnv returns the parent's environment without any ANTHROPIC_* or
+// TALKIDE_* variable, plus extra: each process gets exactly the secrets it
+// is meant to have.
+func childEnv(extra []string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "ANTHROPIC_") || strings.HasPrefix(kv, "TALKIDE_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// supervise runs every proc, restarting each when it exits (with backoff),
+// until ctx ends; then it sends SIGTERM to each process group, waits up to
+// 30 s, and kills what is left.
+func supervise(ctx context.Context, procs []*proc) {
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Go(func() { p.loop(ctx) })
+	}
+	wg.Wait()
+}
+
+func (p *proc) loop(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := p.runOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > 30*time.Second {
+			backoff = time.Second
+		}
+		p.log.Warn("process exited; restarting", "err", err, "in", backoff.String(), "log", p.logPath)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+func (p *proc) runOnce(ctx context.Context) error {
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(p.bin)
+	cmd.Env = childEnv(p.env)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p.log.Info("process started", "pid", cmd.Process.Pid)
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+	select {
+	case err := <-waitc:
+		return err
+	case <-ctx.Done():
+	}
+	pgid := cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case err := <-waitc:
+		return err
+	case <-time.After(30 * time.Second):
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	return <-waitc
+}
