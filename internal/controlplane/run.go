@@ -65,6 +65,12 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 // Run opens the database, sets up the dev user if configured, and serves on
 // ln (or cfg.Addr when ln is nil) until ctx ends.
 func Run(ctx context.Context, cfg Config, ln net.Listener) error {
+	return RunWith(ctx, cfg, ln, nil)
+}
+
+// RunWith is Run with the handler wrapped by wrap (when non-nil), for tests
+// that observe traffic.
+func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Handler) http.Handler) error {
 	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
 	if err != nil {
 		return err
@@ -76,11 +82,15 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 		}
 	}
 	s, _ := NewServer(cfg, db)
+	var h http.Handler = s
+	if wrap != nil {
+		h = wrap(s)
+	}
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
 			return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 		}
 	}
 	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
-	return httpapi.Serve(ctx, httpapi.NewServer(ctx, ln.Addr().String(), s, cfg.Logger), ln, cfg.ShutdownGrace)
+	return httpapi.Serve(ctx, httpapi.NewServer(ctx, ln.Addr().String(), h, cfg.Logger), ln, cfg.ShutdownGrace)
 }

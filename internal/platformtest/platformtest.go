@@ -1,0 +1,330 @@
+// Package platformtest starts the whole platform inside a test: the
+// development upstream, the control plane (SQLite in a temp dir) and one
+// worker driving the real pinned Claude Code CLI, all over real HTTP on
+// loopback. It also gives a small browser-API client.
+//
+// It is for tests only; cmd/talkide runs the same parts as processes.
+package platformtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/workerclient"
+)
+
+// UpstreamAPIKey is the API key the test upstream demands; only the
+// control plane is given it.
+const UpstreamAPIKey = "sk-ant-test-upstream-key"
+
+// Options adjust Start.
+type Options struct {
+	// WorkerEnv are extra TALKIDE_CLI_EXTRA_ENV entries for the CLI.
+	CLIExtraEnv []string
+	// IdleTimeout of CLI processes (default: the harness default).
+	IdleTimeout time.Duration
+	// Wrap, when set, wraps the control plane's handler (to observe calls).
+	Wrap func(http.Handler) http.Handler
+}
+
+// Platform is a running platform.
+type Platform struct {
+	T         testing.TB
+	Master    token.MasterKey
+	UserToken string
+	Tenant    string
+	Env       string
+	// URL is the control plane's base URL.
+	URL string
+	// WorkerURL is the worker's base URL.
+	WorkerURL string
+	Upstream  *devupstream.Server
+	// SessionDir is the worker's session volume.
+	SessionDir string
+}
+
+// ClaudeBin returns the pinned CLI or fails the test with how to install it.
+func ClaudeBin(t testing.TB) string {
+	t.Helper()
+	bin, err := claudecli.Find()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return bin
+}
+
+// Start starts the platform for tenant demo, env dev, and stops it at the
+// end of the test.
+func Start(t testing.TB, opts Options) *Platform {
+	t.Helper()
+	bin := ClaudeBin(t)
+	dir := t.TempDir()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	master, err := token.NewMasterKey("t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Platform{T: t, Master: master, UserToken: "tk_test_" + token.NewID(), Tenant: "demo", Env: "dev", SessionDir: filepath.Join(dir, "sessions")}
+
+	p.Upstream = devupstream.New(devupstream.Config{APIKey: UpstreamAPIKey, Logger: log.With("component", "devupstream")})
+	up := httptest.NewServer(p.Upstream)
+	t.Cleanup(up.Close)
+	upURL, _ := url.Parse(up.URL)
+
+	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.URL = "http://" + cpLn.Addr().String()
+	p.WorkerURL = "http://" + wLn.Addr().String()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	dbPath := filepath.Join(dir, "cp.db")
+	cpCfg := controlplane.Config{
+		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: UpstreamAPIKey,
+		WorkerURLTemplate: p.WorkerURL, DevUserToken: p.UserToken, Logger: log.With("component", "controlplane"),
+	}
+	if err := cpCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := controlstore.OpenSQLite(ctx, dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity, err := mint.New(db, master, log).IssueIdentity(ctx, p.Tenant, p.Env, 0)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		if err := controlplane.RunWith(ctx, cpCfg, cpLn, opts.Wrap); err != nil {
+			t.Errorf("control plane: %v", err)
+		}
+	})
+	cpURL, _ := url.Parse(p.URL)
+	wCfg := worker.Config{
+		Tenant: p.Tenant, Env: p.Env,
+		RequestKeys:    []token.Key{master.Derive(token.PurposeWorkerRequest, p.Tenant, p.Env)},
+		GatewayBaseURL: cpURL, IdentityToken: identity,
+		SessionDir: p.SessionDir, ClaudeBin: bin, IdleTimeout: opts.IdleTimeout,
+		CLIExtraEnv: opts.CLIExtraEnv, Logger: log.With("component", "worker"),
+	}
+	if err := wCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		if err := worker.Run(ctx, wCfg, wLn); err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	p.waitHealthy()
+	return p
+}
+
+func (p *Platform) waitHealthy() {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(p.WorkerURL + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.T.Fatal("platform did not become ready")
+}
+
+// Do sends a browser API request with the user's token and decodes a JSON
+// answer into out (when non-nil). It returns the status.
+func (p *Platform) Do(method, path string, in, out any) int {
+	p.T.Helper()
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, p.URL+path, body)
+	req.Header.Set("Authorization", "Bearer "+p.UserToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.T.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			p.T.Fatalf("%s %s: decode %q: %v", method, path, b, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// NewConversation creates a conversation and returns its id.
+func (p *Platform) NewConversation() string {
+	p.T.Helper()
+	var out struct {
+		ID string `json:"id"`
+	}
+	if st := p.Do("POST", "/api/conversations", map[string]string{"tenant": p.Tenant, "env": p.Env}, &out); st != http.StatusCreated {
+		p.T.Fatalf("create conversation: status %d", st)
+	}
+	return out.ID
+}
+
+// Send sends a message and returns the client message id.
+func (p *Platform) Send(conv, text string) string {
+	p.T.Helper()
+	var out contract.SendMessageResponse
+	if st := p.Do("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text}, &out); st != http.StatusAccepted {
+		p.T.Fatalf("send message: status %d", st)
+	}
+	return out.ClientMessageID
+}
+
+// Stream is a browser SSE stream of a conversation.
+type Stream struct {
+	t    testing.TB
+	resp *http.Response
+	r    *sse.Reader
+	// Events are all events read so far.
+	Events []contract.Event
+}
+
+// OpenStream opens the browser stream after event id after.
+func (p *Platform) OpenStream(conv string, after int64) *Stream {
+	p.T.Helper()
+	req, _ := http.NewRequest("GET", p.URL+"/api/conversations/"+conv+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+p.UserToken)
+	req.Header.Set("Last-Event-ID", fmt.Sprint(after))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.T.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		resp.Body.Close()
+		p.T.Fatalf("open stream: status %d", resp.StatusCode)
+	}
+	s := &Stream{t: p.T, resp: resp, r: sse.NewReader(bufio.NewReader(resp.Body))}
+	p.T.Cleanup(func() { resp.Body.Close() })
+	return s
+}
+
+// Until reads events until one satisfies stop (returned) or the timeout
+// passes (the test fails). It checks that SSE ids and payload ids agree.
+func (s *Stream) Until(timeout time.Duration, stop func(contract.Event) bool) contract.Event {
+	s.t.Helper()
+	type res struct {
+		ev  contract.Event
+		err error
+	}
+	deadline := time.After(timeout)
+	for {
+		ch := make(chan res, 1)
+		go func() {
+			e, err := s.r.Next()
+			if err != nil {
+				ch <- res{err: err}
+				return
+			}
+			var ev contract.Event
+			if err := json.Unmarshal(e.Data, &ev); err != nil {
+				ch <- res{err: err}
+				return
+			}
+			if fmt.Sprint(ev.ID) != e.ID || string(ev.Type) != e.Type {
+				ch <- res{err: fmt.Errorf("SSE id/event %q/%q differ from payload %d/%s", e.ID, e.Type, ev.ID, ev.Type)}
+				return
+			}
+			ch <- res{ev: ev}
+		}()
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				s.t.Fatalf("read stream: %v (events so far: %s)", r.err, Summary(s.Events))
+			}
+			s.Events = append(s.Events, r.ev)
+			if stop(r.ev) {
+				return r.ev
+			}
+		case <-deadline:
+			s.resp.Body.Close()
+			s.t.Fatalf("no matching event within %s; events: %s", timeout, Summary(s.Events))
+		}
+	}
+}
+
+// TurnEnd matches turn_completed or turn_failed.
+func TurnEnd(ev contract.Event) bool {
+	return ev.Type == contract.EventTurnCompleted || ev.Type == contract.EventTurnFailed
+}
+
+// Summary lists events as "id:type" for failure messages.
+func Summary(evs []contract.Event) string {
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "%d:%s ", e.ID, e.Type)
+		if e.Type == contract.EventTurnFailed || e.Type == contract.EventError {
+			fmt.Fprintf(&b, "%s ", e.Data)
+		}
+	}
+	return b.String()
+}
+
+// Payload decodes an event's data into T.
+func Payload[T any](t testing.TB, ev contract.Event) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(ev.Data, &v); err != nil {
+		t.Fatalf("decode %s payload: %v", ev.Type, err)
+	}
+	return v
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	if os.Getenv("TALKIDE_TEST_LOGS") != "" {
+		w.t.Log(strings.TrimRight(string(b), "\n"))
+	}
+	return len(b), nil
+}
+
+// WorkerClient returns a signed client of the worker, as the control plane has.
+func (p *Platform) WorkerClient() *workerclient.Client {
+	u, _ := url.Parse(p.WorkerURL)
+	return workerclient.New(u, p.Tenant, p.Env, p.Master.Derive(token.PurposeWorkerRequest, p.Tenant, p.Env))
+}
