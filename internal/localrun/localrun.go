@@ -189,8 +189,9 @@ TalkIDE is running.
 
 Try it from a shell:
   T=%[2]s
-  C=$(curl -s -H "Authorization: Bearer $T" -d '{"tenant":"%[3]s","env":"%[4]s"}' %[1]s/api/conversations | sed 's/.*"id":"\([^"]*\)".*/\1/')
-  curl -s -H "Authorization: Bearer $T" -d '{"text":"please run `+"`echo hello-from-talkide`"+`"}' %[1]s/api/conversations/$C/messages
+  J='Content-Type: application/json'
+  C=$(curl -s -H "Authorization: Bearer $T" -H "$J" -d '{"tenant":"%[3]s","env":"%[4]s"}' %[1]s/api/conversations | sed 's/.*"id":"\([^"]*\)".*/\1/')
+  curl -s -H "Authorization: Bearer $T" -H "$J" -d '{"text":"please run `+"`echo hello-from-talkide`"+`"}' %[1]s/api/conversations/$C/messages
   curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
 
 Stop with Ctrl-C.

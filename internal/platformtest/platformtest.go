@@ -65,6 +65,8 @@ type Platform struct {
 	Upstream  *devupstream.Server
 	// SessionDir is the worker's session volume.
 	SessionDir string
+	// DBPath is the control plane's SQLite database.
+	DBPath string
 }
 
 // ClaudeBin returns the pinned CLI or fails the test with how to install it.
@@ -111,6 +113,7 @@ func Start(t testing.TB, opts Options) *Platform {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	dbPath := filepath.Join(dir, "cp.db")
+	p.DBPath = dbPath
 	cpCfg := controlplane.Config{
 		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: UpstreamAPIKey,
 		WorkerURLTemplate: p.WorkerURL, DevUserToken: p.UserToken, Logger: log.With("component", "controlplane"),
@@ -327,4 +330,39 @@ func (w testWriter) Write(b []byte) (int, error) {
 func (p *Platform) WorkerClient() *workerclient.Client {
 	u, _ := url.Parse(p.WorkerURL)
 	return workerclient.New(u, p.Tenant, p.Env, p.Master.Derive(token.PurposeWorkerRequest, p.Tenant, p.Env))
+}
+
+// AddUser creates a browser user with bearer token tok and grants
+// ("tenant/env" pairs).
+func (p *Platform) AddUser(id, tok string, grants ...[2]string) {
+	p.T.Helper()
+	db, err := controlstore.OpenSQLite(context.Background(), p.DBPath)
+	if err != nil {
+		p.T.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.UpsertUser(context.Background(), controlstore.User{ID: id, TokenHash: controlplane.HashUserToken(tok)}, grants...); err != nil {
+		p.T.Fatal(err)
+	}
+}
+
+// DoAs is Do with another user's token and raw body and content type.
+func (p *Platform) DoAs(tok, method, path, contentType, body string) (int, contract.ErrorBody) {
+	p.T.Helper()
+	req, _ := http.NewRequest(method, p.URL+path, strings.NewReader(body))
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.T.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var eb contract.ErrorBody
+	b, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(b, &eb)
+	return resp.StatusCode, eb
 }

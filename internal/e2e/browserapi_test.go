@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/platformtest"
+)
+
+func TestBrowserAPIRefusals(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	p.AddUser("mallory", "tk_mallory", [2]string{"other", "dev"})
+	json := "application/json"
+	cases := []struct {
+		name, tok, method, path, ct, body string
+		status                            int
+		typ                               string
+	}{
+		{"no token", "", "POST", "/api/conversations", json, `{"tenant":"demo","env":"dev"}`, 401, contract.ErrTypeUnauthorized},
+		{"unknown token", "tk_nobody", "POST", "/api/conversations", json, `{"tenant":"demo","env":"dev"}`, 401, contract.ErrTypeUnauthorized},
+		{"tenant-env without grant", "tk_mallory", "POST", "/api/conversations", json, `{"tenant":"demo","env":"dev"}`, 403, contract.ErrTypeForbidden},
+		{"invalid tenant name", p.UserToken, "POST", "/api/conversations", json, `{"tenant":"../etc","env":"dev"}`, 400, contract.ErrTypeInvalidRequest},
+		{"malformed JSON", p.UserToken, "POST", "/api/conversations", json, `{"tenant":`, 400, contract.ErrTypeInvalidRequest},
+		{"unknown field", p.UserToken, "POST", "/api/conversations", json, `{"tenant":"demo","env":"dev","x":1}`, 400, contract.ErrTypeInvalidRequest},
+		{"wrong content type", p.UserToken, "POST", "/api/conversations", "text/plain", `{"tenant":"demo","env":"dev"}`, 415, contract.ErrTypeUnsupported},
+		{"another user's conversation", "tk_mallory", "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"hi"}`, 404, contract.ErrTypeNotFound},
+		{"another user's stream", "tk_mallory", "GET", "/api/conversations/" + conv + "/stream", "", "", 404, contract.ErrTypeNotFound},
+		{"unknown conversation", p.UserToken, "POST", "/api/conversations/nope/messages", json, `{"text":"hi"}`, 404, contract.ErrTypeNotFound},
+		{"empty text", p.UserToken, "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"  "}`, 400, contract.ErrTypeInvalidRequest},
+		{"bad client message id", p.UserToken, "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"hi","client_message_id":"a/b"}`, 400, contract.ErrTypeInvalidRequest},
+		{"oversized text", p.UserToken, "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"` + strings.Repeat("x", contract.MaxMessageBytes+1) + `"}`, 413, contract.ErrTypeTooLarge},
+		{"bad Last-Event-ID", p.UserToken, "GET", "/api/conversations/" + conv + "/stream?after=x", "", "", 400, contract.ErrTypeInvalidRequest},
+		{"unknown endpoint", p.UserToken, "GET", "/api/nothing", "", "", 404, contract.ErrTypeNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, eb := p.DoAs(tc.tok, tc.method, tc.path, tc.ct, tc.body)
+			if st != tc.status || eb.Error.Type != tc.typ || eb.Error.Message == "" {
+				t.Errorf("got %d %+v, want %d %s with a message", st, eb, tc.status, tc.typ)
+			}
+		})
+	}
+}
+
+// TestRetriedSendRunsOnceAndStreamResumes sends the same client message id
+// twice and reconnects the stream mid-way with Last-Event-ID.
+func TestRetriedSendRunsOnceAndStreamResumes(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	body := map[string]string{"text": "please run `echo once`", "client_message_id": "msg-1"}
+	var first, second contract.SendMessageResponse
+	if st := p.Do("POST", "/api/conversations/"+conv+"/messages", body, &first); st != http.StatusAccepted || first.Duplicate {
+		t.Fatalf("first send: %d %+v", st, first)
+	}
+	if st := p.Do("POST", "/api/conversations/"+conv+"/messages", body, &second); st != http.StatusAccepted || !second.Duplicate {
+		t.Fatalf("retried send: %d %+v, want 202 duplicate", st, second)
+	}
+	s := p.OpenStream(conv, 0)
+	s.Until(60*time.Second, platformtest.TurnEnd)
+	all := s.Events
+	if len(all) < 4 {
+		t.Fatalf("too few events: %s", platformtest.Summary(all))
+	}
+	// Reconnect after the third event: exactly the rest, in order.
+	r := p.OpenStream(conv, 3)
+	r.Until(10*time.Second, platformtest.TurnEnd)
+	if len(r.Events) != len(all)-3 || r.Events[0].ID != 4 {
+		t.Fatalf("resumed stream: got %s, want events 4..%d", platformtest.Summary(r.Events), all[len(all)-1].ID)
+	}
+	turns := 0
+	for _, ev := range all {
+		if ev.Type == contract.EventTurnStarted {
+			turns++
+		}
+	}
+	if turns != 1 {
+		t.Errorf("turns run for one message sent twice: %d, want 1", turns)
+	}
+}
+
+// TestFinalAPIErrorEndsTheTurnQuickly scripts a permission error from the
+// upstream (final for the CLI) and checks the turn fails with the reason,
+// without minutes of retries.
+func TestFinalAPIErrorEndsTheTurnQuickly(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	p.Upstream.Script(errResponse(403, "permission_error", "model not enabled for this organisation"))
+	s := p.OpenStream(conv, 0)
+	start := time.Now()
+	p.Send(conv, "hello")
+	end := s.Until(30*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnFailed {
+		t.Fatalf("got %s, want turn_failed", end.Type)
+	}
+	f := platformtest.Payload[contract.TurnFailed](t, end)
+	if f.Reason != contract.FailAPIError || f.APIErrorStatus != 403 || !strings.Contains(f.Message, "model not enabled") {
+		t.Errorf("turn_failed: got %+v", f)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("final error took %s to surface", d)
+	}
+}

@@ -1,0 +1,200 @@
+package localrun
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/claudecli"
+)
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunServesTheREADMEExample builds the real binaries, runs the platform
+// as `make run` does (separate processes, development upstream), sends the
+// README's message through the browser API and waits for the answer quoting
+// the command's output; then it stops the platform and checks no process of
+// it is left.
+func TestRunServesTheREADMEExample(t *testing.T) {
+	claude, err := claudecli.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "github.com/talkide/talkide/cmd/...")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{
+			StateDir: state, HTTPAddr: addr, BinDir: bin, Out: out,
+			WorkerEnv: []string{"TALKIDE_CLAUDE_BIN=" + claude},
+			Logger:    slog.New(slog.DiscardHandler),
+		})
+	}()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("Run did not return within 60 s of cancellation")
+		}
+	}
+	defer stop()
+
+	tokRe := regexp.MustCompile(`User token:\s+(\S+)`)
+	var tok string
+	for deadline := time.Now().Add(90 * time.Second); tok == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if m := tokRe.FindStringSubmatch(out.String()); m != nil {
+			tok = m[1]
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(state))
+		default:
+		}
+	}
+	if tok == "" {
+		t.Fatalf("no banner within 90 s; output %q; logs:\n%s", out.String(), logs(state))
+	}
+	if !strings.Contains(out.String(), "http://"+addr+"/#token="+tok) {
+		t.Errorf("banner lacks the URL to open: %q", out.String())
+	}
+	base := "http://" + addr
+	call := func(method, path, body string) (int, []byte) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if st, _ := call("GET", "/healthz", ""); st != 200 {
+		t.Fatalf("healthz: %d", st)
+	}
+	st, b := call("POST", "/api/conversations", `{"tenant":"demo","env":"dev"}`)
+	var conv struct{ ID string }
+	if st != 201 || json.Unmarshal(b, &conv) != nil || conv.ID == "" {
+		t.Fatalf("create conversation: %d %s", st, b)
+	}
+	if st, b := call("POST", "/api/conversations/"+conv.ID+"/messages", "{\"text\":\"please run `echo hello-from-talkide`\"}"); st != 202 {
+		t.Fatalf("send: %d %s", st, b)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer scancel()
+	req, _ := http.NewRequestWithContext(sctx, "GET", base+"/api/conversations/"+conv.ID+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var quoted bool
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "data:") && strings.Contains(line, `"type":"assistant_text"`) && strings.Contains(line, "hello-from-talkide") {
+			quoted = true
+		}
+		if strings.HasPrefix(line, "event: turn_") && line != "event: turn_started" {
+			break
+		}
+	}
+	if !quoted {
+		t.Fatalf("no assistant message quoting hello-from-talkide; logs:\n%s", logs(state))
+	}
+	resp.Body.Close()
+
+	stop()
+	// Nothing of the platform may outlive it: no binary of bin/ and no CLI
+	// started for its session volume.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := processesMentioning(bin, state)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left after stop: %v", left)
+		}
+	}
+}
+
+func logs(state string) string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(state, "logs", "*.log"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		b.WriteString("== " + f + "\n" + string(data) + "\n")
+	}
+	return b.String()
+}
+
+// processesMentioning lists /proc entries whose command line or working
+// directory mentions one of the paths.
+func processesMentioning(paths ...string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cwd, _ := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		for _, p := range paths {
+			if bytes.Contains(cmdline, []byte(p)) || strings.HasPrefix(cwd, p) {
+				out = append(out, e.Name()+":"+strings.ReplaceAll(string(cmdline), "\x00", " "))
+				break
+			}
+		}
+	}
+	return out
+}
