@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/platformtest"
 )
 
@@ -103,4 +104,74 @@ func TestFinalAPIErrorEndsTheTurnQuickly(t *testing.T) {
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("final error took %s to surface", d)
 	}
+}
+
+// TestAPIRetryIsReported scripts an overloaded answer before a good one and
+// checks the CLI's retry reaches the browser as an api_retry event.
+func TestAPIRetryIsReported(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	p.Upstream.Script(errResponse(529, "overloaded_error", "Overloaded"))
+	s := p.OpenStream(conv, 0)
+	p.Send(conv, "hello there")
+	end := s.Until(60*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
+		t.Fatalf("got %s %s, want turn_completed after a retry", end.Type, end.Data)
+	}
+	var retry *contract.APIRetry
+	for _, ev := range s.Events {
+		if ev.Type == contract.EventAPIRetry {
+			r := platformtest.Payload[contract.APIRetry](t, ev)
+			retry = &r
+		}
+	}
+	if retry == nil || retry.ErrorStatus != 529 || retry.Attempt != 1 {
+		t.Errorf("api_retry: got %+v, want attempt 1 status 529", retry)
+	}
+}
+
+// TestInterruptStopsAStreamingTurn interrupts a turn while the model is
+// still streaming; the turn fails as interrupted and the conversation goes on.
+func TestInterruptStopsAStreamingTurn(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	p.Upstream.Script(devupstream.Response{
+		Content:    []devupstream.ContentBlock{devupstream.Text(strings.Repeat("slowly ", 50))},
+		EventDelay: 200 * time.Millisecond,
+	})
+	s := p.OpenStream(conv, 0)
+	p.Send(conv, "tell me a long story")
+	// Interrupt once the model call is streaming.
+	deadline := time.Now().Add(30 * time.Second)
+	for !hasMessagesCall(p) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	var ir contract.InterruptResponse
+	for !ir.Interrupted && time.Now().Before(deadline) {
+		if st := p.Do("POST", "/api/conversations/"+conv+"/interrupt", nil, &ir); st != http.StatusAccepted {
+			t.Fatalf("interrupt: status %d", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !ir.Interrupted {
+		t.Fatal("interrupt never found a running turn")
+	}
+	end := s.Until(30*time.Second, platformtest.TurnEnd)
+	if f := platformtest.Payload[contract.TurnFailed](t, end); end.Type != contract.EventTurnFailed || f.Reason != contract.FailInterrupted {
+		t.Fatalf("got %s %s, want turn_failed interrupted", end.Type, end.Data)
+	}
+	p.Send(conv, "please run `echo after-interrupt`")
+	end = s.Until(60*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted || !strings.Contains(string(end.Data), "after-interrupt") {
+		t.Errorf("turn after the interrupt: got %s %s", end.Type, end.Data)
+	}
+}
+
+func hasMessagesCall(p *platformtest.Platform) bool {
+	for _, r := range p.Upstream.Requests() {
+		if r.Path == "/v1/messages" {
+			return true
+		}
+	}
+	return false
 }

@@ -77,3 +77,21 @@ func TestDecodeJSON(t *testing.T) {
 		}
 	}
 }
+
+func FuzzDecodeJSON(f *testing.F) {
+	f.Add([]byte(`{"client_message_id":"m1","user_id":"u","text":"hi"}`))
+	f.Add([]byte(`{"text":`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var v struct {
+			ClientMessageID string `json:"client_message_id"`
+			UserID          string `json:"user_id"`
+			Text            string `json:"text"`
+		}
+		r := httptest.NewRequest("POST", "/", nil)
+		err := DecodeJSON(r, body, &v)
+		var he *Error
+		if err != nil && (!errors.As(err, &he) || he.Status >= 500) {
+			t.Fatalf("error for client input is not a 4xx *Error: %v", err)
+		}
+	})
+}

@@ -251,3 +251,19 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseKeys(f *testing.F) {
+	f.Add("k1:" + base64.RawURLEncoding.EncodeToString(make([]byte, 32)))
+	f.Add("a:b,c:d")
+	f.Fuzz(func(t *testing.T, s string) {
+		keys, err := ParseKeys(s)
+		if err != nil {
+			return
+		}
+		for _, k := range keys {
+			if k.ID == "" || len(k.Secret) < minSecretLen {
+				t.Fatalf("accepted a weak key %q from %q", k.ID, s)
+			}
+		}
+	})
+}

@@ -1,0 +1,30 @@
+package controlplane
+
+import "testing"
+
+func TestParseTenantEnvs(t *testing.T) {
+	got, err := ParseTenantEnvs(" demo/dev, acme-co/prod ,")
+	if err != nil || len(got) != 2 || got[1] != [2]string{"acme-co", "prod"} {
+		t.Errorf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"demo", "demo/", "/dev", "Demo/dev", "de mo/dev", "-a/dev", "a/b/c", "../x/dev"} {
+		if _, err := ParseTenantEnvs(bad); err == nil {
+			t.Errorf("ParseTenantEnvs(%q): got nil error", bad)
+		}
+	}
+}
+
+func FuzzParseTenantEnvs(f *testing.F) {
+	f.Add("demo/dev,acme/prod")
+	f.Fuzz(func(t *testing.T, s string) {
+		tes, err := ParseTenantEnvs(s)
+		if err != nil {
+			return
+		}
+		for _, te := range tes {
+			if !validName(te[0]) || !validName(te[1]) {
+				t.Fatalf("accepted %q", te)
+			}
+		}
+	})
+}
