@@ -56,9 +56,7 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
 		w.Write(page)
 	})
-	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
-		return httpapi.NotFound("no such endpoint: %s %s", r.Method, r.URL.Path)
-	}))
+	s.handler = httpapi.Routes(s.mux, s.log)
 	return s, m
 }
 

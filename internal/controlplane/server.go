@@ -31,6 +31,7 @@ type Server struct {
 	master  token.MasterKey
 	log     *slog.Logger
 	mux     *http.ServeMux
+	handler http.Handler // mux with JSON 404/405 answers
 	workers *workerDirectory
 	// heartbeat is the interval of SSE comments to browsers.
 	heartbeat time.Duration
@@ -63,7 +64,7 @@ func (d *workerDirectory) client(tenant, env string) (*workerclient.Client, erro
 	return c, nil
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // user authenticates the browser request's bearer token.
 func (s *Server) user(r *http.Request) (controlstore.User, error) {
@@ -103,25 +104,38 @@ func workerError(err error) error {
 	var we *workerclient.Error
 	switch {
 	case errors.As(err, &we):
-		status := we.Status
-		if status >= 500 {
-			status = http.StatusBadGateway
+		switch {
+		case we.Status == http.StatusUnauthorized || we.Status == http.StatusForbidden:
+			// The control plane already checked the user; a refusal by the
+			// worker is a platform fault (keys, clocks), not the user's.
+			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the worker refused the control plane's request", err)
+		case we.Status == http.StatusServiceUnavailable:
+			return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is not taking work right now; try again shortly", err)
+		case we.Status >= 500:
+			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
-		return httpapi.Wrap(status, we.Type, "worker: "+we.Msg, err)
+		return httpapi.Wrap(we.Status, we.Type, "worker: "+we.Msg, err)
 	case errors.Is(err, workerclient.ErrUnavailable):
 		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err)
 	}
 	return err
 }
 
-// retryUnavailable runs f until it succeeds, fails with an answer from the
-// worker, or the worker stays unreachable for about 15 s (a restart).
+// retryable reports whether a worker call may succeed if repeated: the
+// worker was unreachable or answered 503 (restarting, shutting down).
+func retryable(err error) bool {
+	var we *workerclient.Error
+	return errors.Is(err, workerclient.ErrUnavailable) || (errors.As(err, &we) && we.Status == http.StatusServiceUnavailable)
+}
+
+// retryUnavailable runs f until it succeeds, fails for good, or the worker
+// stays unavailable for about 15 s (a restart or a rolling update).
 func retryUnavailable(ctx context.Context, f func(ctx context.Context) error) error {
 	deadline := time.Now().Add(15 * time.Second)
 	delay := 100 * time.Millisecond
 	for {
 		err := f(ctx)
-		if err == nil || !errors.Is(err, workerclient.ErrUnavailable) || time.Now().After(deadline) {
+		if err == nil || !retryable(err) || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -170,7 +184,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 	if !ok {
 		return httpapi.Forbidden("you have no access to "+req.Tenant+"/"+req.Env, nil)
 	}
-	c := controlstore.Conversation{ID: uuid.NewString(), Tenant: req.Tenant, Env: req.Env, UserID: u.ID, CreatedAt: time.Now().UTC()}
+	c := controlstore.Conversation{ID: uuid.NewString(), Tenant: req.Tenant, Env: req.Env, UserID: u.ID, Model: req.Model, CreatedAt: time.Now().UTC()}
 	if err := s.db.CreateConversation(r.Context(), c); err != nil {
 		return err
 	}
@@ -260,6 +274,15 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
 		var err error
 		resp, err = wc.SendMessage(ctx, c.ID, contract.SendMessageRequest{ClientMessageID: req.ClientMessageID, UserID: u.ID, Text: req.Text})
+		var we *workerclient.Error
+		if errors.As(err, &we) && we.Status == http.StatusNotFound {
+			// The worker has no session (it was down at creation, or its
+			// volume was replaced): create it with the stored model, resend.
+			if _, err = wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: c.Model}); err != nil {
+				return err
+			}
+			resp, err = wc.SendMessage(ctx, c.ID, contract.SendMessageRequest{ClientMessageID: req.ClientMessageID, UserID: u.ID, Text: req.Text})
+		}
 		return err
 	})
 	if err != nil {

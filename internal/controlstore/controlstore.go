@@ -155,17 +155,19 @@ func (db *DB) HasGrant(ctx context.Context, userID, tenant, env string) (bool, e
 
 // Conversation is a conversation of a user in a tenant-env.
 type Conversation struct {
-	ID        string
-	Tenant    string
-	Env       string
-	UserID    string
+	ID     string
+	Tenant string
+	Env    string
+	UserID string
+	// Model is the model chosen at creation ("" for the worker's default).
+	Model     string
 	CreatedAt time.Time
 }
 
 // CreateConversation stores a new conversation.
 func (db *DB) CreateConversation(ctx context.Context, c Conversation) error {
-	_, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO conversations (id, tenant, env, user_id, created_at) VALUES (?, ?, ?, ?, ?)`),
-		c.ID, c.Tenant, c.Env, c.UserID, Millis(c.CreatedAt))
+	_, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO conversations (id, tenant, env, user_id, model, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		c.ID, c.Tenant, c.Env, c.UserID, c.Model, Millis(c.CreatedAt))
 	if err != nil {
 		return fmt.Errorf("create conversation: %w", err)
 	}
@@ -176,8 +178,8 @@ func (db *DB) CreateConversation(ctx context.Context, c Conversation) error {
 func (db *DB) Conversation(ctx context.Context, id string) (Conversation, error) {
 	var c Conversation
 	var created int64
-	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, tenant, env, user_id, created_at FROM conversations WHERE id = ?`), id).
-		Scan(&c.ID, &c.Tenant, &c.Env, &c.UserID, &created)
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, tenant, env, user_id, model, created_at FROM conversations WHERE id = ?`), id).
+		Scan(&c.ID, &c.Tenant, &c.Env, &c.UserID, &c.Model, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Conversation{}, ErrNotFound
 	}

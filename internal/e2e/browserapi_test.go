@@ -175,3 +175,26 @@ func hasMessagesCall(p *platformtest.Platform) bool {
 	}
 	return false
 }
+
+// TestSessionCreatedLateKeepsTheModel guards against losing the model chosen
+// at creation when the worker did not get the session then: the first
+// message creates it with the stored model.
+func TestSessionCreatedLateKeepsTheModel(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	p.CreateConversationInDB("late-conv", "claude-sonnet-5-5")
+	s := p.OpenStream("late-conv", 0)
+	p.Send("late-conv", "hello")
+	end := s.Until(60*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
+		t.Fatalf("got %s %s", end.Type, end.Data)
+	}
+	var models []string
+	for _, r := range p.Upstream.Requests() {
+		if r.Path == "/v1/messages" {
+			models = append(models, string(r.Body))
+		}
+	}
+	if len(models) == 0 || !strings.Contains(models[0], `"model":"claude-sonnet-5-5"`) {
+		t.Errorf("upstream did not get the stored model")
+	}
+}

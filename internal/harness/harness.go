@@ -98,6 +98,8 @@ var (
 	ErrUserMismatch = errors.New("conversation belongs to another user")
 	// ErrInvalid: the request is malformed (the message says how).
 	ErrInvalid = errors.New("invalid request")
+	// ErrTooLarge: the message text is over contract.MaxMessageBytes.
+	ErrTooLarge = errors.New("message too large")
 	// ErrShuttingDown: the worker is stopping and takes no new turns.
 	ErrShuttingDown = errors.New("worker shutting down")
 )
@@ -201,10 +203,12 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 	if err != nil {
 		return nil, err
 	}
+	s := &session{h: h, conv: conv, meta: meta, log: elog}
 	if rep.TornBytes > 0 || rep.BadRecords > 0 {
 		h.log.Warn("event log repaired", "conversation", conv, "torn_bytes", rep.TornBytes, "bad_records", rep.BadRecords)
+		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "event_log_repaired",
+			Message: fmt.Sprintf("the event log ended in an incomplete record (%d bytes, from a crash) which was removed; %d unreadable records were skipped", rep.TornBytes, rep.BadRecords)})
 	}
-	s := &session{h: h, conv: conv, meta: meta, log: elog}
 	h.sessions[conv] = s
 	return s, nil
 }
@@ -224,21 +228,30 @@ func (h *Harness) CreateSession(conv string, req contract.CreateSessionRequest) 
 	return s.statusLocked(), nil
 }
 
-// SendMessage accepts a user message into conv's queue (creating the session
-// for req.UserID if needed) and starts its turn when the conversation is free.
-// A client message id seen before is acknowledged again with Duplicate set and
-// nothing runs. The message is stored before SendMessage returns.
+// SendMessage accepts a user message into the queue of conv's session
+// (created before with CreateSession; else ErrNotFound) and starts its turn
+// when the conversation is free. A client message id seen before is
+// acknowledged again with Duplicate set and nothing runs. The message is
+// stored before SendMessage returns. Errors: ErrInvalid, ErrTooLarge,
+// ErrNotFound, ErrUserMismatch (req.UserID is not the session's user),
+// ErrShuttingDown.
 func (h *Harness) SendMessage(conv string, req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
 	if err := contract.ValidConversationID(req.ClientMessageID); err != nil {
 		return contract.SendMessageResponse{}, fmt.Errorf("%w: client_message_id must be 1-64 characters of [A-Za-z0-9_-]", ErrInvalid)
 	}
-	if req.Text == "" || len(req.Text) > contract.MaxMessageBytes {
-		return contract.SendMessageResponse{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrInvalid, contract.MaxMessageBytes)
+	if req.UserID == "" {
+		return contract.SendMessageResponse{}, fmt.Errorf("%w: user_id is required", ErrInvalid)
+	}
+	if req.Text == "" {
+		return contract.SendMessageResponse{}, fmt.Errorf("%w: text must not be empty", ErrInvalid)
+	}
+	if len(req.Text) > contract.MaxMessageBytes {
+		return contract.SendMessageResponse{}, fmt.Errorf("%w: text is over %d bytes", ErrTooLarge, contract.MaxMessageBytes)
 	}
 	if h.isClosing() {
 		return contract.SendMessageResponse{}, ErrShuttingDown
 	}
-	s, err := h.session(conv, req.UserID, "", true)
+	s, err := h.session(conv, "", "", false)
 	if err != nil {
 		return contract.SendMessageResponse{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/streamjson"
 )
@@ -209,6 +210,10 @@ func (s *session) startLocked() (*process, error) {
 			line, err := r.Next()
 			if errors.Is(err, streamjson.ErrLineTooLong) {
 				s.h.log.Warn("claude code line over the limit skipped", "conversation", s.conv)
+				s.mu.Lock()
+				s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "cli_output_dropped",
+					Message: fmt.Sprintf("an output line of the agent over %d MiB was dropped", streamjson.MaxLine>>20)})
+				s.mu.Unlock()
 				continue
 			}
 			if err != nil {

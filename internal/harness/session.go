@@ -70,6 +70,7 @@ func (s *session) emitLocked(t contract.EventType, payload any) {
 func (s *session) saveLocked() error {
 	if err := s.h.store.SaveMeta(s.meta); err != nil {
 		s.h.log.Error("save session state", "conversation", s.conv, "err", err)
+		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "storage_error", Message: "the conversation state could not be saved: " + err.Error()})
 		return err
 	}
 	return nil
@@ -78,7 +79,7 @@ func (s *session) saveLocked() error {
 func (s *session) enqueue(req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if req.UserID != "" && req.UserID != s.meta.UserID {
+	if req.UserID != s.meta.UserID {
 		return contract.SendMessageResponse{}, ErrUserMismatch
 	}
 	resp := contract.SendMessageResponse{ClientMessageID: req.ClientMessageID}

@@ -219,3 +219,53 @@ func JoinURL(base *url.URL, elem ...string) *url.URL {
 	}
 	return u
 }
+
+// Routes wraps mux so that requests no pattern matches get the JSON error
+// shape: 404 not_found, or 405 method_not_allowed with the Allow header when
+// the path exists for other methods.
+func Routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// Ask the mux's own fallback which status it means, without letting
+		// it write its plain-text body.
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if probe.status == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", probe.header.Get("Allow"))
+			WriteError(log, w, r, Errorf(http.StatusMethodNotAllowed, contract.ErrTypeMethod, "method %s not allowed on %s", r.Method, r.URL.Path))
+			return
+		}
+		if probe.status >= 300 && probe.status < 400 {
+			// A redirect the mux computed (e.g. a cleaned path): keep it.
+			for k, v := range probe.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(probe.status)
+			return
+		}
+		WriteError(log, w, r, NotFound("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// statusProbe records a handler's status and headers and discards its body.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (p *statusProbe) WriteHeader(status int) {
+	if p.status == 0 {
+		p.status = status
+	}
+}

@@ -95,3 +95,31 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestRoutesJSONFallbacks(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /things/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+	h := Routes(mux, slog.New(slog.DiscardHandler))
+	cases := []struct {
+		method, path string
+		status       int
+		typ, allow   string
+	}{
+		{"POST", "/things/1", 204, "", ""},
+		{"GET", "/things/1", 405, "method_not_allowed", "POST"},
+		{"GET", "/nothing", 404, "not_found", ""},
+	}
+	for _, tc := range cases {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		if rec.Code != tc.status {
+			t.Errorf("%s %s: got %d, want %d", tc.method, tc.path, rec.Code, tc.status)
+		}
+		if tc.typ != "" && (!strings.Contains(rec.Body.String(), `"type":"`+tc.typ+`"`) || rec.Header().Get("Content-Type") != "application/json") {
+			t.Errorf("%s %s: body %q is not the JSON error of type %s", tc.method, tc.path, rec.Body.String(), tc.typ)
+		}
+		if got := rec.Header().Get("Allow"); tc.allow != "" && !strings.Contains(got, tc.allow) {
+			t.Errorf("%s %s: Allow %q, want %q", tc.method, tc.path, got, tc.allow)
+		}
+	}
+}

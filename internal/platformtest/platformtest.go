@@ -366,3 +366,17 @@ func (p *Platform) DoAs(tok, method, path, contentType, body string) (int, contr
 	_ = json.Unmarshal(b, &eb)
 	return resp.StatusCode, eb
 }
+
+// CreateConversationInDB stores a conversation for the dev user without
+// telling the worker (as if the worker had been down at creation).
+func (p *Platform) CreateConversationInDB(id, model string) {
+	p.T.Helper()
+	db, err := controlstore.OpenSQLite(context.Background(), p.DBPath)
+	if err != nil {
+		p.T.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.CreateConversation(context.Background(), controlstore.Conversation{ID: id, Tenant: p.Tenant, Env: p.Env, UserID: "dev", Model: model, CreatedAt: time.Now()}); err != nil {
+		p.T.Fatal(err)
+	}
+}

@@ -26,6 +26,7 @@ type Server struct {
 	// heartbeat is the interval of SSE comments on idle streams.
 	heartbeat time.Duration
 	mux       *http.ServeMux
+	handler   http.Handler // mux with JSON 404/405 answers
 	// notReady turns /readyz false (shutdown begun).
 	notReady atomic.Bool
 }
@@ -57,13 +58,11 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 		}
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	s.mux.Handle("/", httpapi.Handle(log, func(w http.ResponseWriter, r *http.Request) error {
-		return httpapi.NotFound("no such endpoint: %s %s", r.Method, r.URL.Path)
-	}))
+	s.handler = httpapi.Routes(s.mux, log)
 	return s
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 type ctxKeyBody struct{}
 
@@ -113,6 +112,8 @@ func mapErr(err error) error {
 		return httpapi.NotFound("conversation not found")
 	case errors.Is(err, harness.ErrInvalid):
 		return httpapi.BadRequest("%v", err)
+	case errors.Is(err, harness.ErrTooLarge):
+		return httpapi.Errorf(http.StatusRequestEntityTooLarge, contract.ErrTypeTooLarge, "%v", err)
 	case errors.Is(err, harness.ErrUserMismatch):
 		return httpapi.Forbidden("conversation belongs to another user", err)
 	case errors.Is(err, harness.ErrShuttingDown):
