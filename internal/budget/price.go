@@ -3,6 +3,7 @@ package budget
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/talkide/talkide/internal/anthropic"
@@ -105,30 +106,50 @@ func (t PriceTable) PriceFor(model string) (p Price, known bool) {
 }
 
 // costOf returns tokens × rate (nano-USD per MTok), rounded up to whole nano-USD.
+//
+// Results saturate at MaxCost instead of overflowing, so an absurd token
+// count (a hostile max_tokens) can only ever make a call dearer.
 func costOf(tokens int64, rate NanoUSD) NanoUSD {
-	if tokens <= 0 {
+	if tokens <= 0 || rate <= 0 {
 		return 0
 	}
+	if tokens > (MaxCost-999_999)/rate {
+		return MaxCost
+	}
 	return (tokens*rate + 999_999) / 1_000_000
+}
+
+// MaxCost caps every computed amount (about 1.15 billion USD): far above any
+// limit, far below int64 overflow even when several are added.
+const MaxCost NanoUSD = math.MaxInt64 / 8
+
+// addCost adds amounts, saturating at MaxCost.
+func addCost(parts ...NanoUSD) NanoUSD {
+	var sum NanoUSD
+	for _, p := range parts {
+		sum += min(p, MaxCost)
+		if sum >= MaxCost {
+			return MaxCost
+		}
+	}
+	return sum
 }
 
 // Cost prices a call's usage. Cache writes without a TTL split (or whose
 // split does not add up) are priced at the 1-hour rate, the dearer one.
 func (p Price) Cost(u anthropic.Usage) NanoUSD {
-	c := costOf(u.InputTokens, p.Input) + costOf(u.OutputTokens, p.Output) + costOf(u.CacheReadInputTokens, p.CacheRead)
+	c := addCost(costOf(u.InputTokens, p.Input), costOf(u.OutputTokens, p.Output), costOf(u.CacheReadInputTokens, p.CacheRead))
 	split := u.CacheCreation5m + u.CacheCreation1h
-	if split > 0 && split <= u.CacheCreationInputTokens {
-		c += costOf(u.CacheCreation5m, p.CacheWrite5m) + costOf(u.CacheCreation1h, p.CacheWrite1h)
-		c += costOf(u.CacheCreationInputTokens-split, p.CacheWrite1h)
-	} else {
-		c += costOf(u.CacheCreationInputTokens, p.CacheWrite1h)
+	if u.CacheCreation5m >= 0 && u.CacheCreation1h >= 0 && split > 0 && split <= u.CacheCreationInputTokens {
+		return addCost(c, costOf(u.CacheCreation5m, p.CacheWrite5m), costOf(u.CacheCreation1h, p.CacheWrite1h),
+			costOf(u.CacheCreationInputTokens-split, p.CacheWrite1h))
 	}
-	return c
+	return addCost(c, costOf(u.CacheCreationInputTokens, p.CacheWrite1h))
 }
 
 // WorstCase is the most a call can cost: every input token at the dearest
 // input-side rate (a 1-hour cache write) plus maxTokens of output.
 func (p Price) WorstCase(inputTokens, maxTokens int64) NanoUSD {
 	in := max(p.Input, p.CacheWrite5m, p.CacheWrite1h)
-	return costOf(inputTokens, in) + costOf(maxTokens, p.Output)
+	return addCost(costOf(inputTokens, in), costOf(maxTokens, p.Output))
 }

@@ -79,6 +79,9 @@ type Reservation struct {
 // reserved. The reservation is atomic: concurrent checks never admit more
 // than the limit, also for a user never seen before.
 func (s *Service) PreCallCheck(ctx context.Context, userID string, estimated NanoUSD) (Reservation, error) {
+	if estimated < 0 || userID == "" {
+		return Reservation{}, fmt.Errorf("reserve budget: invalid estimate %d for user %q", estimated, userID)
+	}
 	now := s.now()
 	period := Period(now)
 	if err := s.expire(ctx, now); err != nil {
@@ -134,6 +137,9 @@ type Debit struct {
 // cost is still booked. Settling the same reservation twice books nothing
 // the second time.
 func (s *Service) PostCallDebit(ctx context.Context, res Reservation, actual NanoUSD, d Debit) error {
+	if actual < 0 {
+		return fmt.Errorf("debit budget: negative amount %d", actual)
+	}
 	now := s.now()
 	db := s.db
 	tx, err := db.SQL.BeginTx(ctx, nil)

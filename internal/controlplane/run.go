@@ -30,7 +30,7 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
 		heartbeat: 15 * time.Second,
 	}
-	m := mint.New(db, master, cfg.Logger.With("component", "mint"))
+	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	var gwKeys []token.Key
 	for _, mk := range cfg.MasterKeys {
 		gwKeys = append(gwKeys, mk.Derive(token.PurposeGateway, "", ""))

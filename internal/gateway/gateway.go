@@ -19,6 +19,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -66,6 +67,10 @@ type Config struct {
 // MaxRequestBytes is the largest request body forwarded (Anthropic's own
 // Messages limit, 32 MB).
 const MaxRequestBytes = 32 << 20
+
+// MaxOutputTokens bounds max_tokens of a call the gateway admits (16 Mi
+// tokens: far above any model's output limit).
+const MaxOutputTokens = 1 << 24
 
 // allowedPaths are the upstream API paths workers may call.
 var allowedPaths = map[string]bool{
@@ -159,6 +164,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusForbidden, anthropic.ErrPermission, "worker token not scoped to a conversation", nil, nil)
 		return
 	}
+	if r.ContentLength > MaxRequestBytes {
+		fail(http.StatusRequestEntityTooLarge, anthropic.ErrTooLarge, "request body over 32 MB", nil, nil)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -181,6 +190,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if err := json.Unmarshal(body, &head); err != nil {
 			fail(http.StatusBadRequest, anthropic.ErrInvalidRequest, "request body is not a JSON object", nil, nil)
+			return
+		}
+		if head.MaxTokens < 1 || head.MaxTokens > MaxOutputTokens {
+			fail(http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens), nil, nil)
 			return
 		}
 		price, _ := h.cfg.Prices.PriceFor(head.Model)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -41,6 +42,10 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s: %v", e.Status, e.Type, e.Msg, e.Err) }
 func (e *Error) Unwrap() error { return e.Err }
+
+// forwardedPaths are the API paths the CLI may call through the proxy (the
+// gateway allows no others).
+var forwardedPaths = map[string]bool{"/v1/messages": true, "/v1/messages/count_tokens": true}
 
 // credentialHeaders are removed from every request before it leaves the
 // worker: the CLI's placeholder and anything resembling a credential.
@@ -137,7 +142,9 @@ type target struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	conv, apiPath, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	apiPath = "/" + apiPath
-	if !ok || contract.ValidConversationID(conv) != nil {
+	if !ok || contract.ValidConversationID(conv) != nil || path.Clean(apiPath) != apiPath {
+		// path.Clean: a "/c1/../../api/internal/..." must never leave the
+		// gateway prefix with a freshly minted WorkerToken.
 		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "unknown path", "", nil)
 		return
 	}
@@ -145,6 +152,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The CLI's connectivity pre-flight (off with NONESSENTIAL_TRAFFIC);
 		// answer locally instead of spending a mint.
 		w.WriteHeader(http.StatusOK)
+		return
+	}
+	if !forwardedPaths[apiPath] {
+		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "the local gateway proxy forwards only /v1/messages and /v1/messages/count_tokens", "", nil)
 		return
 	}
 	if !s.authorized(conv, r) {
@@ -171,7 +182,7 @@ func (s *Server) authorized(conv string, r *http.Request) bool {
 	s.mu.Lock()
 	want, ok := s.secrets[conv]
 	s.mu.Unlock()
-	if !ok {
+	if !ok || want == "" {
 		return false
 	}
 	got := r.Header.Get("X-Api-Key")

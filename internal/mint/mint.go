@@ -39,11 +39,17 @@ type Handler struct {
 	log      *slog.Logger
 }
 
-// New returns the mint over store with keys derived from master.
-func New(store Store, master token.MasterKey, log *slog.Logger) *Handler {
+// New returns the mint over store. It signs with keys derived from master
+// and accepts identity tokens signed with master or any of older (master
+// keys being rotated out, so existing workers keep minting).
+func New(store Store, master token.MasterKey, log *slog.Logger, older ...token.MasterKey) *Handler {
+	idKeys := []token.Key{master.Derive(token.PurposeIdentity, "", "")}
+	for _, o := range older {
+		idKeys = append(idKeys, o.Derive(token.PurposeIdentity, "", ""))
+	}
 	return &Handler{
 		store:    store,
-		identity: token.NewVerifier(token.PurposeIdentity, master.Derive(token.PurposeIdentity, "", "")),
+		identity: token.NewVerifier(token.PurposeIdentity, idKeys...),
 		idSigner: token.NewSigner(token.PurposeIdentity, master.Derive(token.PurposeIdentity, "", "")),
 		signer:   token.NewSigner(token.PurposeGateway, master.Derive(token.PurposeGateway, "", "")),
 		log:      log,
