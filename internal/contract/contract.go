@@ -178,6 +178,9 @@ const (
 	EventTurnFailed     EventType = "turn_failed"
 	EventError          EventType = "error"
 	EventSessionStopped EventType = "session_stopped"
+	// EventMCPServerRefused: an MCP server of the project's .mcp.json was
+	// not offered to the agent because the operator's policy refuses it.
+	EventMCPServerRefused EventType = "mcp_server_refused"
 )
 
 // Event is one entry of a conversation's event stream. On the wire it is one
@@ -317,6 +320,18 @@ type SessionStopped struct {
 	// (the process ended on its own), "shutdown" (worker shutdown).
 	Reason   string `json:"reason"`
 	ExitCode int    `json:"exit_code"`
+}
+
+// MCPServerRefused: an MCP server declared by the project's .mcp.json was
+// left out of the agent's session by the operator's MCP policy.
+type MCPServerRefused struct {
+	// Server is the server's name in .mcp.json.
+	Server string `json:"server"`
+	// Transport is "stdio", "http" or "sse" (as declared; "" if unknown).
+	Transport string `json:"transport"`
+	// Reason says which rule refused it, e.g. "command python3 is not in
+	// TALKIDE_MCP_ALLOW_COMMANDS".
+	Reason string `json:"reason"`
 }
 
 // MintRequest asks the mint endpoint for a WorkerToken.

@@ -77,6 +77,7 @@ var eventTypes = []struct {
 	{"EventTurnFailed", contract.EventTurnFailed, contract.TurnFailed{}},
 	{"EventError", contract.EventError, contract.ErrorEvent{}},
 	{"EventSessionStopped", contract.EventSessionStopped, contract.SessionStopped{}},
+	{"EventMCPServerRefused", contract.EventMCPServerRefused, contract.MCPServerRefused{}},
 }
 
 // sessionStates, errorTypes and failReasons list the other documented
@@ -997,17 +998,18 @@ func TestRequestTokenSchemeAsDocumented(t *testing.T) {
 func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 	usage := contract.Usage{InputTokens: 1200, OutputTokens: 80, CacheCreationInputTokens: 5, CacheReadInputTokens: 900}
 	payloads := map[contract.EventType]any{
-		contract.EventSessionStarted: contract.SessionStarted{SessionID: "7c1e8f5e-0000-4000-8000-000000000001", Model: "claude-sonnet-4-5", WorkDir: "/data/claude/workspaces/c1", Resumed: true, ClaudeCodeVersion: "2.0.0"},
-		contract.EventUserMessage:    contract.UserMessage{ClientMessageID: "m1", Text: "hi"},
-		contract.EventTurnStarted:    contract.TurnStarted{ClientMessageID: "m1"},
-		contract.EventAssistantText:  contract.AssistantText{MessageID: "msg_1", Text: "Hello."},
-		contract.EventToolUse:        contract.ToolUse{ToolUseID: "toolu_1", Name: "Bash", Input: json.RawMessage(`{"command":"ls"}`)},
-		contract.EventToolResult:     contract.ToolResult{ToolUseID: "toolu_1", Content: "a\nb", IsError: false},
-		contract.EventAPIRetry:       contract.APIRetry{Attempt: 1, MaxRetries: 10, RetryDelayMS: 500, ErrorStatus: 529, Error: "server_error"},
-		contract.EventTurnCompleted:  contract.TurnCompleted{ClientMessageID: "m1", Result: "done", Usage: usage, CostNanoUSD: 12_345_678, DurationMS: 4200, NumTurns: 2, StopReason: "end_turn"},
-		contract.EventTurnFailed:     contract.TurnFailed{ClientMessageID: "m1", Reason: contract.FailAPIError, Message: "API Error: 429", APIErrorStatus: 429, Usage: usage},
-		contract.EventError:          contract.ErrorEvent{Code: "store", Message: "disk full"},
-		contract.EventSessionStopped: contract.SessionStopped{Reason: "idle", ExitCode: -1},
+		contract.EventSessionStarted:   contract.SessionStarted{SessionID: "7c1e8f5e-0000-4000-8000-000000000001", Model: "claude-sonnet-4-5", WorkDir: "/data/claude/workspaces/c1", Resumed: true, ClaudeCodeVersion: "2.0.0"},
+		contract.EventUserMessage:      contract.UserMessage{ClientMessageID: "m1", Text: "hi"},
+		contract.EventTurnStarted:      contract.TurnStarted{ClientMessageID: "m1"},
+		contract.EventAssistantText:    contract.AssistantText{MessageID: "msg_1", Text: "Hello."},
+		contract.EventToolUse:          contract.ToolUse{ToolUseID: "toolu_1", Name: "Bash", Input: json.RawMessage(`{"command":"ls"}`)},
+		contract.EventToolResult:       contract.ToolResult{ToolUseID: "toolu_1", Content: "a\nb", IsError: false},
+		contract.EventAPIRetry:         contract.APIRetry{Attempt: 1, MaxRetries: 10, RetryDelayMS: 500, ErrorStatus: 529, Error: "server_error"},
+		contract.EventTurnCompleted:    contract.TurnCompleted{ClientMessageID: "m1", Result: "done", Usage: usage, CostNanoUSD: 12_345_678, DurationMS: 4200, NumTurns: 2, StopReason: "end_turn"},
+		contract.EventTurnFailed:       contract.TurnFailed{ClientMessageID: "m1", Reason: contract.FailAPIError, Message: "API Error: 429", APIErrorStatus: 429, Usage: usage},
+		contract.EventError:            contract.ErrorEvent{Code: "store", Message: "disk full"},
+		contract.EventSessionStopped:   contract.SessionStopped{Reason: "idle", ExitCode: -1},
+		contract.EventMCPServerRefused: contract.MCPServerRefused{Server: "db", Transport: "stdio", Reason: "command psql is not allowed by TALKIDE_MCP_ALLOW_COMMANDS"},
 	}
 	if len(payloads) != len(eventTypes) {
 		t.Fatalf("payload samples for %d event types, want %d", len(payloads), len(eventTypes))

@@ -51,6 +51,13 @@ type Config struct {
 	ExtraEnv []string
 	// Logger receives the harness's logs. Default slog.Default().
 	Logger *slog.Logger
+	// MCP, when set, decides the MCP servers offered to each CLI process
+	// (see mcp.go). Nil offers none.
+	MCP MCPProvider
+	// OnEvent, when set, is called with each event after it is stored in a
+	// conversation's log. It runs under the session's lock: it must return
+	// at once and must not call the Harness.
+	OnEvent func(contract.Event)
 }
 
 func (c *Config) setDefaults() error {

@@ -30,6 +30,7 @@ type process struct {
 	announced bool   // session_started emitted
 	apiError  string // text of a synthetic API error message of the turn
 	idle      *time.Timer
+	mcp       *mcpProcess // MCP servers of the process (mcp.go); set before it runs
 
 	mu sync.Mutex
 	// reason is why the harness stops the process, "" if it does not; guarded by mu.
@@ -169,6 +170,11 @@ func (s *session) startLocked() (*process, error) {
 	if s.meta.Model != "" {
 		args = append(args, "--model", s.meta.Model)
 	}
+	mcp, err := s.mcpLocked()
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, mcp.args...)
 	cmd := exec.Command(cfg.ClaudeBin, args...)
 	cmd.Dir = s.meta.WorkDir
 	cmd.Env = buildSDKEnv(cfg, os.Environ(), base, secret, tmp)
@@ -188,9 +194,11 @@ func (s *session) startLocked() (*process, error) {
 	s.h.proxy.Register(s.conv, secret)
 	if err := cmd.Start(); err != nil {
 		s.h.proxy.Unregister(s.conv)
+		mcp.release()
 		return nil, fmt.Errorf("start %s: %w", cfg.ClaudeBin, err)
 	}
 	p.pgid = cmd.Process.Pid
+	mcp.attach(s, p)
 	s.h.log.Info("claude code started", "conversation", s.conv, "session", s.meta.SessionID, "pid", p.pgid, "resume", resume)
 
 	s.h.procs.Add(2)

@@ -60,10 +60,14 @@ func (s *session) statusLocked() contract.SessionStatus {
 func (s *session) emitLocked(t contract.EventType, payload any) {
 	ev, err := contract.NewEvent(s.conv, t, payload)
 	if err == nil {
-		_, err = s.log.Append(ev)
+		ev, err = s.log.Append(ev)
 	}
 	if err != nil {
 		s.h.log.Error("append event", "conversation", s.conv, "type", t, "err", err)
+		return
+	}
+	if s.h.cfg.OnEvent != nil {
+		s.h.cfg.OnEvent(ev)
 	}
 }
 
@@ -233,7 +237,11 @@ func (s *session) handle(p *process, m streamjson.Message) {
 	case *streamjson.Result:
 		s.finishTurnLocked(p, m)
 	case *streamjson.ControlRequest:
-		p.send(answerControl(m))
+		if !s.mcpControlLocked(p, m) {
+			p.send(answerControl(m))
+		}
+	case *streamjson.ControlResponse:
+		s.controlResponseLocked(m)
 	}
 }
 
