@@ -193,4 +193,3 @@ func (m *KubeManager) Get(ctx context.Context, name string) (Record, error) {
 	}
 	return m.toRecord(l), nil
 }
-

@@ -23,7 +23,7 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // backend makes managers for identities over one shared store.
@@ -187,7 +187,7 @@ func testRace(t *testing.T, b backend) {
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	const n = 12
 	for round, prep := range []func(){
-		func() {}, // a free lease
+		func() {},                     // a free lease
 		func() { c.add(time.Minute) }, // an expired lease
 	} {
 		prep()
