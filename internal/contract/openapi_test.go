@@ -152,6 +152,18 @@ var workerSchemas = []mirrored{
 	{"MintResponse", contract.MintResponse{}, answer},
 	// The claims of every platform token; jwt.RegisteredClaims is embedded.
 	{"TokenClaims", token.Claims{}, claims},
+	// Reporting (worker → control plane).
+	{"ToolEventReport", contract.ToolEventReport{}, request},
+	{"UsageReport", contract.UsageReport{}, request},
+	{"ActivityReport", contract.ActivityReport{}, request},
+	{"ReportAck", contract.ReportAck{}, answer},
+	{"IssueCreate", contract.IssueCreate{}, request},
+	{"IssueUpdate", contract.IssueUpdate{}, request},
+	{"IssueComment", contract.IssueComment{}, request},
+	{"IssueAck", contract.IssueAck{}, answer},
+	{"Issue", contract.Issue{}, answer},
+	{"IssueCommentEntry", contract.IssueCommentEntry{}, answer},
+	{"IssueList", contract.IssueList{}, answer},
 }
 
 // browserSchemas are the contract types docs/browser-openapi.yaml repeats.
@@ -163,6 +175,13 @@ var browserSchemas = []mirrored{
 	{"ErrorBody", contract.ErrorBody{}, answer},
 	{"ErrorDetail", contract.ErrorDetail{}, answer},
 	{"Usage", contract.Usage{}, answer},
+	{"Issue", contract.Issue{}, answer},
+	{"IssueCommentEntry", contract.IssueCommentEntry{}, answer},
+	{"IssueList", contract.IssueList{}, answer},
+	{"ConversationActivity", contract.ConversationActivity{}, answer},
+	{"ActivityEntry", contract.ActivityEntry{}, answer},
+	{"ToolCall", contract.ToolCall{}, answer},
+	{"TurnUsage", contract.TurnUsage{}, answer},
 }
 
 // browserStructs are the control plane's unexported browser API types
@@ -383,10 +402,11 @@ func checkType(t *testing.T, docName string, doc *openapi3.T, where string, p *o
 			t.Errorf("%s: %s: Go int64 needs format int64", docName, where)
 		}
 	case gt.Kind() == reflect.Slice:
-		// token.Claims' audience (jwt.ClaimStrings) is the only slice.
-		if !is("array") || s.Items == nil || s.Items.Value == nil || !s.Items.Value.Type.Is("string") {
-			t.Errorf("%s: %s: Go %s needs an array of strings", docName, where, gt)
+		if !is("array") || s.Items == nil {
+			t.Errorf("%s: %s: Go %s needs an array", docName, where, gt)
+			return
 		}
+		checkType(t, docName, doc, where+"[]", s.Items, gt.Elem())
 	default:
 		t.Errorf("%s: %s: Go kind %s not handled by this test; extend checkType", docName, where, gt.Kind())
 	}
@@ -609,8 +629,16 @@ var workerPaths = []struct {
 	{"PathEvents", contract.PathEvents, "endpoint"},
 	{"PathMint", contract.PathMint, "endpoint"},
 	{"PathGatewayPrefix", contract.PathGatewayPrefix, "prefix"},
-	// The reporting endpoints are not built yet; docs/worker-api.md says so.
-	{"PathReportPrefix", contract.PathReportPrefix, "not built"},
+	// The reporting endpoints; every documented path under the prefix must
+	// be one of the constants below.
+	{"PathReportPrefix", contract.PathReportPrefix, "group"},
+	{"PathReportToolEvents", contract.PathReportToolEvents, "endpoint"},
+	{"PathReportUsage", contract.PathReportUsage, "endpoint"},
+	{"PathReportActivity", contract.PathReportActivity, "endpoint"},
+	{"PathReportIssues", contract.PathReportIssues, "endpoint"},
+	{"PathReportIssue", contract.PathReportIssue, "endpoint"},
+	{"PathReportIssueUpdate", contract.PathReportIssueUpdate, "endpoint"},
+	{"PathReportIssueComment", contract.PathReportIssueComment, "endpoint"},
 }
 
 // endpointComment parses the comment of a path constant:
@@ -641,21 +669,34 @@ func TestWorkerPathsDocumented(t *testing.T) {
 				continue
 			}
 			covered[p.value] = true
-			method, req, status, resp, stream := "POST", "MintRequest", "200", "MintResponse", ""
-			if p.name != "PathMint" {
-				m := endpointComment.FindStringSubmatch(consts[p.name].comment)
-				if m == nil {
-					t.Errorf("contract.%s: comment %q is not of the form \"METHOD [Request] → status Response\"", p.name, consts[p.name].comment)
+			if p.name == "PathMint" {
+				ops := item.Operations()
+				if len(ops) != 1 || ops["POST"] == nil {
+					t.Errorf("openapi.yaml: %s must have exactly the operation POST, has %v", p.value, slices.Sorted(maps.Keys(ops)))
 					continue
 				}
-				method, req, status, resp, stream = m[1], m[2], m[3], m[4], m[5]
-			}
-			ops := item.Operations()
-			if len(ops) != 1 || ops[method] == nil {
-				t.Errorf("openapi.yaml: %s must have exactly the operation %s, has %v", p.value, method, slices.Sorted(maps.Keys(ops)))
+				checkOperation(t, p.value, ops["POST"], "MintRequest", "200", "MintResponse", "")
 				continue
 			}
-			checkOperation(t, p.value, ops[method], req, status, resp, stream)
+			// A comment names one operation, or several separated by "; ".
+			var methods []string
+			ops := item.Operations()
+			for _, part := range strings.Split(consts[p.name].comment, "; ") {
+				m := endpointComment.FindStringSubmatch(part)
+				if m == nil {
+					t.Errorf("contract.%s: comment %q is not of the form \"METHOD [Request] → status Response[; ...]\"", p.name, consts[p.name].comment)
+					break
+				}
+				methods = append(methods, m[1])
+				if ops[m[1]] == nil {
+					t.Errorf("openapi.yaml: %s has no operation %s", p.value, m[1])
+					continue
+				}
+				checkOperation(t, p.value, ops[m[1]], m[2], m[3], m[4], m[5])
+			}
+			if got := slices.Sorted(maps.Keys(ops)); !slices.Equal(got, slices.Sorted(slices.Values(methods))) {
+				t.Errorf("openapi.yaml: %s documents operations %v, contract.%s names %v", p.value, got, p.name, methods)
+			}
 		case "prefix":
 			n := 0
 			for path, item := range documented {
@@ -669,6 +710,13 @@ func TestWorkerPathsDocumented(t *testing.T) {
 			}
 			if n == 0 {
 				t.Errorf("openapi.yaml: no path under %s (%s)", p.value, p.name)
+			}
+		case "group":
+			// Covered by the endpoint constants; nothing else may be under it.
+			for path := range documented {
+				if strings.HasPrefix(path, p.value+"/") && !slices.ContainsFunc(workerPaths, func(q struct{ name, value, kind string }) bool { return q.value == path }) {
+					t.Errorf("openapi.yaml documents %s under %s, which no path constant names", path, p.name)
+				}
 			}
 		case "not built":
 			for path := range documented {
@@ -748,7 +796,7 @@ func TestBrowserRoutesMatchDocument(t *testing.T) {
 	var registered []string
 	for _, r := range routesIn(t, controlPkgDir) {
 		method, path, _ := strings.Cut(r, " ")
-		if path == contract.PathMint || strings.HasPrefix(path, contract.PathGatewayPrefix) {
+		if path == contract.PathMint || strings.HasPrefix(path, contract.PathGatewayPrefix) || strings.HasPrefix(path, contract.PathReportPrefix+"/") {
 			continue // worker-facing, documented in openapi.yaml
 		}
 		registered = append(registered, method+" "+strings.TrimSuffix(path, "{$}"))

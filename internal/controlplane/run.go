@@ -51,6 +51,7 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 	s.mux.Handle("GET /healthz", h(s.healthz))
 	s.mux.Handle("POST "+contract.PathMint, m)
 	s.mux.Handle(contract.PathGatewayPrefix+"/", gw)
+	s.registerReporting()
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
