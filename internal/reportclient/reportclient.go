@@ -63,7 +63,9 @@ type StatusError struct {
 	Msg    string
 }
 
-func (e *StatusError) Error() string { return fmt.Sprintf("control plane: %d %s: %s", e.Status, e.Type, e.Msg) }
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("control plane: %d %s: %s", e.Status, e.Type, e.Msg)
+}
 
 // tokenRenewBefore is how long before its expiry a cached token is replaced.
 const tokenRenewBefore = 30 * time.Second
