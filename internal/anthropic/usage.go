@@ -23,6 +23,15 @@ type Usage struct {
 	CacheCreation1h int64
 	// CacheReadInputTokens are tokens read from the prompt cache.
 	CacheReadInputTokens int64
+	// WebSearchRequests and WebFetchRequests count server-tool requests
+	// (usage.server_tool_use), billed per request.
+	WebSearchRequests int64
+	WebFetchRequests  int64
+	// DeltaOutputEstimate is an over-estimate of the output tokens delivered
+	// in content_block_delta events so far (at least one per event, about
+	// one per 3 bytes of delta payload). It prices a stream that ended
+	// before its final message_delta; see BilledOutputTokens.
+	DeltaOutputEstimate int64
 	// Started is true once message_start (or a JSON message) was seen;
 	// Finished once message_delta with a stop reason or message_stop was seen.
 	Started, Finished bool
@@ -40,6 +49,28 @@ type wireUsage struct {
 		Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
 		Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
 	} `json:"cache_creation"`
+	ServerToolUse *struct {
+		WebSearchRequests *int64 `json:"web_search_requests"`
+		WebFetchRequests  *int64 `json:"web_fetch_requests"`
+	} `json:"server_tool_use"`
+}
+
+// BilledOutputTokens is the output to bill: the reported count once the
+// final message_delta came (complete), else the larger of the reported
+// count and DeltaOutputEstimate (a stream cut, failed or abandoned
+// part-way: Anthropic bills what it generated, and the gateway only knows
+// what it delivered).
+func (u Usage) BilledOutputTokens(complete bool) int64 {
+	if complete {
+		return u.OutputTokens
+	}
+	return max(u.OutputTokens, u.DeltaOutputEstimate)
+}
+
+// TotalTokens is every token of the call: input, cache writes, cache reads
+// and output.
+func (u Usage) TotalTokens() int64 {
+	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens + u.OutputTokens
 }
 
 // apply sets (never adds) each field the wire usage carries: Anthropic's
@@ -65,6 +96,14 @@ func (u *Usage) apply(w *wireUsage) {
 		u.CacheCreation5m = w.CacheCreation.Ephemeral5m
 		u.CacheCreation1h = w.CacheCreation.Ephemeral1h
 	}
+	if st := w.ServerToolUse; st != nil {
+		if st.WebSearchRequests != nil {
+			u.WebSearchRequests = *st.WebSearchRequests
+		}
+		if st.WebFetchRequests != nil {
+			u.WebFetchRequests = *st.WebFetchRequests
+		}
+	}
 }
 
 // StreamMeter reads usage from a copy of a Messages SSE stream (Anthropic
@@ -80,7 +119,14 @@ type StreamMeter struct {
 	skipping bool
 	// event is the current SSE event name.
 	event string
+	// skipped counts the bytes of the content_block_delta data line being
+	// skipped, for DeltaOutputEstimate.
+	skipped int
 }
+
+// deltaEnvelope is the size of a content_block_delta data line around its
+// payload: `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}`.
+const deltaEnvelope = 84
 
 // maxMeterLine bounds a line the meter buffers (usage events are small).
 const maxMeterLine = 1 << 20
@@ -97,18 +143,27 @@ func (m *StreamMeter) Write(p []byte) (int, error) {
 		if !m.skipping {
 			if len(m.line) == 0 && m.event != "" && !interesting(m.event) && bytes.HasPrefix(chunk, []byte("data")) {
 				m.skipping = true // a content delta: do not buffer it
+				m.skipped = 0
 			} else if len(m.line)+len(chunk) > maxMeterLine {
 				m.skipping = true
+				m.skipped = len(m.line)
 				m.line = m.line[:0]
 			} else {
 				m.line = append(m.line, chunk...)
 			}
 		}
+		if m.skipping {
+			m.skipped += len(chunk)
+		}
+		// The line's end: m.line holds it whole, or it was skipped
+		// (m.skipped bytes long).
 		if i < 0 {
 			break
 		}
 		if !m.skipping {
 			m.handleLine(bytes.TrimSuffix(m.line, []byte("\r")))
+		} else if m.event == "content_block_delta" {
+			m.countDelta(m.skipped)
 		}
 		m.line = m.line[:0]
 		m.skipping = false
@@ -136,8 +191,16 @@ func (m *StreamMeter) handleLine(line []byte) {
 	}
 }
 
+// countDelta adds the output estimate of one content_block_delta data line
+// of n bytes.
+func (m *StreamMeter) countDelta(n int) {
+	m.usage.DeltaOutputEstimate += max(1, int64(n-deltaEnvelope+2)/3)
+}
+
 func (m *StreamMeter) handleData(data []byte) {
 	switch m.event {
+	case "content_block_delta":
+		m.countDelta(len(data) + len("data: "))
 	case "message_start":
 		var v struct {
 			Message struct {

@@ -20,7 +20,8 @@ const streamBoth = "event: message_start\ndata: {\"type\":\"message_start\",\"me
 func TestStreamMeterAnyChunking(t *testing.T) {
 	want := Usage{Model: "claude-opus-5-5", MessageID: "msg_1", InputTokens: 100, OutputTokens: 42,
 		CacheCreationInputTokens: 50, CacheCreation5m: 20, CacheCreation1h: 30, CacheReadInputTokens: 10,
-		Started: true, Finished: true, StopReason: "end_turn"}
+		Started: true, Finished: true, StopReason: "end_turn",
+		DeltaOutputEstimate: 11} // one delta of 33 payload bytes
 	for _, size := range []int{1, 2, 3, 7, 64, len(streamBoth)} {
 		var m StreamMeter
 		for s := streamBoth; len(s) > 0; {

@@ -1,15 +1,27 @@
 // Package budget is the UserBudgetService: it decides whether a user may
-// make a model call (preCallCheck) and books what the call cost
-// (postCallDebit), per user per calendar month, in nano-USD (10⁻⁹ US dollars,
-// int64; no floats touch money).
+// make a model call (PreCallCheck, the specification's preCallCheck) and
+// books what the call cost (PostCallDebit, postCallDebit), per user per
+// period (a UTC calendar month by default), in nano-USD (NanoUSD: 10⁻⁹ US
+// dollars, int64; no float ever touches money).
 //
-// PreCallCheck reserves the call's worst-case cost atomically (one
-// conditional UPDATE, so concurrent calls can never push admitted spend past
-// the limit); PostCallDebit replaces the reservation with the actual cost.
-// Unsettled reservations expire. Every reservation, debit and release is
-// appended to a ledger. Prices come from a PriceTable keyed by the model the
-// response names; an unknown model is priced at the dearest known rate.
+// Limits: a user's own limit, else their tenant's default, else the global
+// default. Fair use: at most N calls and M tokens per user in a rolling
+// window, refused with a retry-after. PreCallCheck reserves the call's
+// worst-case cost atomically with the limit check, so concurrent calls can
+// never push admitted spend past the limit, also for a user never seen
+// before; PostCallDebit replaces the reservation with the actual cost.
+// A reservation never settled (the gateway died mid-call) is charged in full
+// when it expires, so a debit is never lost; a late settlement corrects it.
+// Every reservation, debit, expiry and refund is appended to a ledger that
+// Ledger queries.
 //
-// State lives in the control-plane database (package controlstore). This
-// package does not parse HTTP or streams; the gateway-proxy does.
+// Two stores, one conformance suite (budget_test.go): SQLite, where one
+// writer goroutine commits budget writes in batches, and PostgreSQL, where
+// the check is one call of a PL/pgSQL function that locks the user's usage
+// row (controlstore/pgsql). Prices come from a dated PriceTable (price.go,
+// default_prices.json; operators load their own file) keyed by the model the
+// response names.
+//
+// Main types: Service, PriceTable, Price. This package does not parse HTTP
+// or streams; the gateway-proxy does.
 package budget

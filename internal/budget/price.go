@@ -1,114 +1,347 @@
 package budget
 
 import (
+	"bytes"
+	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"math"
+	"os"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/talkide/talkide/internal/anthropic"
 )
 
-// NanoUSD is an amount of money in 10⁻⁹ US dollars.
-type NanoUSD = int64
+// Rates are a model's prices in nano-USD per million tokens (so $4.00 per
+// MTok is 4_000_000_000), one per kind of token.
+type Rates struct {
+	Input        NanoUSD
+	Output       NanoUSD
+	CacheWrite5m NanoUSD
+	CacheWrite1h NanoUSD
+	CacheRead    NanoUSD
+}
 
-// Price holds a model's rates in nano-USD per million tokens (so $4.00 per
-// MTok is 4_000_000_000).
+// Tier replaces the base rates for every token of a call whose prompt
+// (input + cache writes + cache reads) is longer than AbovePromptTokens.
+type Tier struct {
+	AbovePromptTokens int64
+	Rates
+}
+
+// Price is what a model costs at one date: base rates, optional prompt-length
+// tiers (ascending), and the price of a web search request in nano-USD.
 type Price struct {
-	Input        NanoUSD `json:"input"`
-	Output       NanoUSD `json:"output"`
-	CacheWrite5m NanoUSD `json:"cache_write_5m"`
-	CacheWrite1h NanoUSD `json:"cache_write_1h"`
-	CacheRead    NanoUSD `json:"cache_read"`
+	Rates
+	Tiers     []Tier
+	WebSearch NanoUSD
 }
 
-// usd converts dollars per MTok to nano-USD per MTok (exact for the
-// table's decimals).
-func usd(dollars float64) NanoUSD { return NanoUSD(dollars*1e9 + 0.5) }
+// UnknownModelPolicy says what happens to a call for a model the price table
+// does not list. No policy makes it free.
+type UnknownModelPolicy string
 
-// PriceTable maps a model id (or a prefix ending in '*') to its price.
-type PriceTable map[string]Price
+const (
+	// UnknownDearest prices the call at the dearest rate of every kind in
+	// the table (the default).
+	UnknownDearest UnknownModelPolicy = "dearest"
+	// UnknownDeny refuses the call before it is forwarded. A response that
+	// names an unknown model (the request's model was known) is priced as
+	// UnknownDearest, since it can no longer be refused.
+	UnknownDeny UnknownModelPolicy = "deny"
+)
 
-// DefaultPrices are Anthropic list prices per model family as of 2026-11
-// (shared/research/anthropic-api.md §4.7).
-func DefaultPrices() PriceTable {
-	return PriceTable{
-		"claude-fable-5-1*":  {usd(10), usd(50), usd(12.5), usd(20), usd(0.25)},
-		"claude-fable-5*":    {usd(10), usd(50), usd(12.5), usd(20), usd(1)},
-		"claude-mythos-5-1*": {usd(10), usd(50), usd(12.5), usd(20), usd(0.25)},
-		"claude-mythos-5*":   {usd(10), usd(50), usd(12.5), usd(20), usd(1)},
-		"claude-opus-5-5*":   {usd(4), usd(20), usd(5), usd(8), usd(0.2)},
-		"claude-opus-5*":     {usd(5), usd(25), usd(6.25), usd(10), usd(0.5)},
-		"claude-opus-4-8*":   {usd(5), usd(25), usd(6.25), usd(10), usd(0.5)},
-		"claude-opus-4-7*":   {usd(5), usd(25), usd(6.25), usd(10), usd(0.5)},
-		"claude-opus-4-6*":   {usd(5), usd(25), usd(6.25), usd(10), usd(0.5)},
-		"claude-opus-4-5*":   {usd(5), usd(25), usd(6.25), usd(10), usd(0.5)},
-		"claude-opus-4-1*":   {usd(15), usd(75), usd(18.75), usd(30), usd(1.5)},
-		"claude-opus-4*":     {usd(15), usd(75), usd(18.75), usd(30), usd(1.5)},
-		"claude-sonnet-5-5*": {usd(2), usd(10), usd(2.5), usd(4), usd(0.1)},
-		"claude-sonnet-5*":   {usd(2), usd(10), usd(2.5), usd(4), usd(0.2)},
-		"claude-sonnet-4*":   {usd(3), usd(15), usd(3.75), usd(6), usd(0.3)},
-		"claude-haiku-5-5*":  {usd(0.5), usd(2.5), usd(0.625), usd(1), usd(0.05)}, // the >100k-token tier: conservative until tiers land
-		"claude-haiku-4-5*":  {usd(1), usd(5), usd(1.25), usd(2), usd(0.1)},
-		"claude-haiku-3-5*":  {usd(0.8), usd(4), usd(1), usd(1.6), usd(0.08)},
-		"claude-3-haiku*":    {usd(0.25), usd(1.25), usd(0.3), usd(0.5), usd(0.03)},
-	}
+// PriceTable maps model ids to dated prices. Entries name a model exactly or
+// by prefix ("claude-sonnet-4*"); an exact entry beats a prefix, a longer
+// prefix beats a shorter one, and among a model's entries the one with the
+// latest effective date not after the call applies. Safe for concurrent use;
+// immutable once built.
+type PriceTable struct {
+	entries []priceEntry
+	// Unknown is the policy for models no entry matches.
+	Unknown UnknownModelPolicy
+	dearest Price
 }
 
-// ParsePriceTable reads a JSON object of model → Price (nano-USD per MTok).
-func ParsePriceTable(b []byte) (PriceTable, error) {
-	var t PriceTable
-	if err := json.Unmarshal(b, &t); err != nil {
-		return nil, fmt.Errorf("parse price table: %w", err)
+type priceEntry struct {
+	pattern   string // without the '*'
+	prefix    bool
+	effective time.Time
+	price     Price
+}
+
+//go:embed default_prices.json
+var defaultPricesJSON []byte
+
+// DefaultPrices returns the built-in table: Anthropic list prices as of
+// 2026-11 (default_prices.json, the same format as TALKIDE_PRICES_FILE).
+func DefaultPrices() *PriceTable {
+	t, err := ParsePriceTable(defaultPricesJSON)
+	if err != nil {
+		panic("budget: built-in price table: " + err.Error()) // a test guards the file
 	}
-	if len(t) == 0 {
-		return nil, fmt.Errorf("parse price table: no models")
+	return t
+}
+
+// DefaultPricesJSON returns the built-in table's file, a starting point for
+// an operator's own.
+func DefaultPricesJSON() []byte { return bytes.Clone(defaultPricesJSON) }
+
+// priceFile is the JSON form of a PriceTable (format 1). Amounts are decimal
+// strings of US dollars per million tokens ("0.125"), so they are exact.
+type priceFile struct {
+	Format       int                `json:"format"`
+	Comment      string             `json:"comment,omitempty"`
+	UnknownModel UnknownModelPolicy `json:"unknown_model,omitempty"`
+	// WebSearchPer1k is the price of 1000 web searches in USD, for every
+	// model without its own.
+	WebSearchPer1k string      `json:"web_search_per_1k,omitempty"`
+	Models         []priceJSON `json:"models"`
+}
+
+type ratesJSON struct {
+	Input        string `json:"input"`
+	Output       string `json:"output"`
+	CacheWrite5m string `json:"cache_write_5m"`
+	CacheWrite1h string `json:"cache_write_1h"`
+	CacheRead    string `json:"cache_read"`
+}
+
+type priceJSON struct {
+	Model string `json:"model"`
+	// Effective is the first UTC day ("2026-10-07") the row applies; empty
+	// means always.
+	Effective string `json:"effective,omitempty"`
+	ratesJSON
+	Tiers []struct {
+		AbovePromptTokens int64 `json:"above_prompt_tokens"`
+		ratesJSON
+	} `json:"tiers,omitempty"`
+	WebSearchPer1k string `json:"web_search_per_1k,omitempty"`
+}
+
+// ErrBadPriceTable is wrapped by every ParsePriceTable error.
+var ErrBadPriceTable = errors.New("bad price table")
+
+// LoadPriceTable reads a price table file (see ParsePriceTable).
+func LoadPriceTable(path string) (*PriceTable, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load price table: %w", err)
+	}
+	t, err := ParsePriceTable(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
 }
 
-// Lookup returns the price of model: an exact entry, else the longest
-// matching prefix entry, else ok=false.
-func (t PriceTable) Lookup(model string) (Price, bool) {
-	if p, ok := t[model]; ok {
-		return p, true
+// ParsePriceTable parses a price table file: format 1, unknown_model
+// ("dearest" or "deny"), and models with decimal-dollar rates per million
+// tokens. Every rate of a row is required; unknown fields, a missing or
+// different format, duplicate (model, effective) rows, tiers out of order and
+// amounts that are not exact decimals are errors wrapping ErrBadPriceTable.
+func ParsePriceTable(b []byte) (*PriceTable, error) {
+	var f priceFile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadPriceTable, err)
 	}
-	best, bestLen := Price{}, -1
-	for k, p := range t {
-		prefix, isPrefix := strings.CutSuffix(k, "*")
-		if isPrefix && strings.HasPrefix(model, prefix) && len(prefix) > bestLen {
-			best, bestLen = p, len(prefix)
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", ErrBadPriceTable)
+	}
+	if f.Format != 1 {
+		return nil, fmt.Errorf("%w: format %d: this gateway reads format 1", ErrBadPriceTable, f.Format)
+	}
+	t := &PriceTable{Unknown: f.UnknownModel}
+	switch t.Unknown {
+	case "":
+		t.Unknown = UnknownDearest
+	case UnknownDearest, UnknownDeny:
+	default:
+		return nil, fmt.Errorf("%w: unknown_model %q: want dearest or deny", ErrBadPriceTable, f.UnknownModel)
+	}
+	var defaultSearch NanoUSD
+	if f.WebSearchPer1k != "" {
+		v, err := ParseUSD(f.WebSearchPer1k)
+		if err != nil {
+			return nil, fmt.Errorf("%w: web_search_per_1k: %v", ErrBadPriceTable, err)
 		}
+		defaultSearch = (v + 999) / 1000
 	}
-	return best, bestLen >= 0
+	if len(f.Models) == 0 {
+		return nil, fmt.Errorf("%w: no models", ErrBadPriceTable)
+	}
+	seen := map[string]bool{}
+	for i, m := range f.Models {
+		e, err := m.entry(defaultSearch)
+		if err != nil {
+			return nil, fmt.Errorf("%w: models[%d] (%q): %v", ErrBadPriceTable, i, m.Model, err)
+		}
+		key := m.Model + "@" + e.effective.Format(time.DateOnly)
+		if seen[key] {
+			return nil, fmt.Errorf("%w: models[%d]: %q effective %s listed twice", ErrBadPriceTable, i, m.Model, e.effective.Format(time.DateOnly))
+		}
+		seen[key] = true
+		t.entries = append(t.entries, e)
+	}
+	t.dearest = dearestOf(t.entries)
+	return t, nil
 }
 
-// Dearest returns, per rate, the highest rate of the table: the fail-closed
-// price of an unknown model.
-func (t PriceTable) Dearest() Price {
+func (r ratesJSON) parse() (Rates, error) {
+	var out Rates
+	for _, f := range []struct {
+		name string
+		s    string
+		dst  *NanoUSD
+	}{
+		{"input", r.Input, &out.Input}, {"output", r.Output, &out.Output},
+		{"cache_write_5m", r.CacheWrite5m, &out.CacheWrite5m}, {"cache_write_1h", r.CacheWrite1h, &out.CacheWrite1h},
+		{"cache_read", r.CacheRead, &out.CacheRead},
+	} {
+		if f.s == "" {
+			return Rates{}, fmt.Errorf("%s: missing", f.name)
+		}
+		v, err := ParseUSD(f.s)
+		if err != nil {
+			return Rates{}, fmt.Errorf("%s: %v", f.name, err)
+		}
+		if v > 1_000_000*NanoPerUSD {
+			return Rates{}, fmt.Errorf("%s: %s USD per million tokens is implausibly high", f.name, f.s)
+		}
+		*f.dst = v
+	}
+	return out, nil
+}
+
+func (m priceJSON) entry(defaultSearch NanoUSD) (priceEntry, error) {
+	e := priceEntry{pattern: m.Model}
+	e.pattern, e.prefix = strings.CutSuffix(m.Model, "*")
+	if e.pattern == "" && !e.prefix || strings.Contains(e.pattern, "*") {
+		return e, errors.New("model: want an id or a prefix ending in '*'")
+	}
+	if m.Effective != "" {
+		d, err := time.Parse(time.DateOnly, m.Effective)
+		if err != nil {
+			return e, fmt.Errorf("effective: want YYYY-MM-DD: %v", err)
+		}
+		e.effective = d
+	}
+	r, err := m.ratesJSON.parse()
+	if err != nil {
+		return e, err
+	}
+	e.price = Price{Rates: r, WebSearch: defaultSearch}
+	if m.WebSearchPer1k != "" {
+		v, err := ParseUSD(m.WebSearchPer1k)
+		if err != nil {
+			return e, fmt.Errorf("web_search_per_1k: %v", err)
+		}
+		e.price.WebSearch = (v + 999) / 1000
+	}
+	last := int64(0)
+	for j, tj := range m.Tiers {
+		if tj.AbovePromptTokens <= last {
+			return e, fmt.Errorf("tiers[%d]: above_prompt_tokens must be positive and ascending", j)
+		}
+		last = tj.AbovePromptTokens
+		tr, err := tj.ratesJSON.parse()
+		if err != nil {
+			return e, fmt.Errorf("tiers[%d]: %v", j, err)
+		}
+		e.price.Tiers = append(e.price.Tiers, Tier{AbovePromptTokens: tj.AbovePromptTokens, Rates: tr})
+	}
+	return e, nil
+}
+
+// dearestOf is the fail-closed price: per kind, the highest rate of any
+// entry or tier.
+func dearestOf(es []priceEntry) Price {
 	var d Price
-	for _, p := range t {
-		d.Input = max(d.Input, p.Input)
-		d.Output = max(d.Output, p.Output)
-		d.CacheWrite5m = max(d.CacheWrite5m, p.CacheWrite5m)
-		d.CacheWrite1h = max(d.CacheWrite1h, p.CacheWrite1h)
-		d.CacheRead = max(d.CacheRead, p.CacheRead)
+	up := func(r Rates) {
+		d.Input = max(d.Input, r.Input)
+		d.Output = max(d.Output, r.Output)
+		d.CacheWrite5m = max(d.CacheWrite5m, r.CacheWrite5m)
+		d.CacheWrite1h = max(d.CacheWrite1h, r.CacheWrite1h)
+		d.CacheRead = max(d.CacheRead, r.CacheRead)
+	}
+	for _, e := range es {
+		up(e.price.Rates)
+		for _, t := range e.price.Tiers {
+			up(t.Rates)
+		}
+		d.WebSearch = max(d.WebSearch, e.price.WebSearch)
 	}
 	return d
 }
 
-// PriceFor returns the model's price, or the dearest when unknown.
-func (t PriceTable) PriceFor(model string) (p Price, known bool) {
-	if p, ok := t.Lookup(model); ok {
-		return p, true
+// Lookup returns the price of model at time at: see PriceTable for the
+// matching rules. ok is false when no entry matches.
+func (t *PriceTable) Lookup(model string, at time.Time) (Price, bool) {
+	best := -1
+	rank := func(e priceEntry) int { // exact beats any prefix; longer prefix beats shorter
+		if !e.prefix {
+			return 1 << 30
+		}
+		return len(e.pattern)
 	}
-	return t.Dearest(), false
+	for i, e := range t.entries {
+		if e.prefix && !strings.HasPrefix(model, e.pattern) || !e.prefix && model != e.pattern {
+			continue
+		}
+		if e.effective.After(at) {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := t.entries[best]
+		if r, rb := rank(e), rank(b); r > rb || r == rb && e.effective.After(b.effective) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return Price{}, false
+	}
+	return t.entries[best].price, true
 }
 
-// costOf returns tokens × rate (nano-USD per MTok), rounded up to whole nano-USD.
-//
-// Results saturate at MaxCost instead of overflowing, so an absurd token
-// count (a hostile max_tokens) can only ever make a call dearer.
+// PriceFor returns the model's price at time at, or, for a model the table
+// does not know, the dearest rates of the table (known=false). Callers
+// applying UnknownDeny check known themselves.
+func (t *PriceTable) PriceFor(model string, at time.Time) (p Price, known bool) {
+	if p, ok := t.Lookup(model, at); ok {
+		return p, true
+	}
+	return t.dearest, false
+}
+
+// Dearest returns the fail-closed price (per kind, the highest rate in the
+// table).
+func (t *PriceTable) Dearest() Price { return t.dearest }
+
+// Models lists the table's model patterns, for diagnostics.
+func (t *PriceTable) Models() []string {
+	var out []string
+	for _, e := range t.entries {
+		p := e.pattern
+		if e.prefix {
+			p += "*"
+		}
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// costOf returns tokens × rate (nano-USD per MTok), rounded up to whole
+// nano-USD. Results saturate at MaxCost instead of overflowing, so an absurd
+// token count (a hostile max_tokens) can only ever make a call dearer.
 func costOf(tokens int64, rate NanoUSD) NanoUSD {
 	if tokens <= 0 || rate <= 0 {
 		return 0
@@ -119,15 +352,11 @@ func costOf(tokens int64, rate NanoUSD) NanoUSD {
 	return (tokens*rate + 999_999) / 1_000_000
 }
 
-// MaxCost caps every computed amount (about 1.15 billion USD): far above any
-// limit, far below int64 overflow even when several are added.
-const MaxCost NanoUSD = math.MaxInt64 / 8
-
 // addCost adds amounts, saturating at MaxCost.
 func addCost(parts ...NanoUSD) NanoUSD {
 	var sum NanoUSD
 	for _, p := range parts {
-		sum += min(p, MaxCost)
+		sum += min(max(p, 0), MaxCost)
 		if sum >= MaxCost {
 			return MaxCost
 		}
@@ -135,21 +364,46 @@ func addCost(parts ...NanoUSD) NanoUSD {
 	return sum
 }
 
-// Cost prices a call's usage. Cache writes without a TTL split (or whose
-// split does not add up) are priced at the 1-hour rate, the dearer one.
-func (p Price) Cost(u anthropic.Usage) NanoUSD {
-	c := addCost(costOf(u.InputTokens, p.Input), costOf(u.OutputTokens, p.Output), costOf(u.CacheReadInputTokens, p.CacheRead))
-	split := u.CacheCreation5m + u.CacheCreation1h
-	if u.CacheCreation5m >= 0 && u.CacheCreation1h >= 0 && split > 0 && split <= u.CacheCreationInputTokens {
-		return addCost(c, costOf(u.CacheCreation5m, p.CacheWrite5m), costOf(u.CacheCreation1h, p.CacheWrite1h),
-			costOf(u.CacheCreationInputTokens-split, p.CacheWrite1h))
+// rates returns the rates that apply to a call with prompt tokens.
+func (p Price) rates(prompt int64) Rates {
+	r := p.Rates
+	for _, t := range p.Tiers {
+		if prompt > t.AbovePromptTokens {
+			r = t.Rates
+		}
 	}
-	return addCost(c, costOf(u.CacheCreationInputTokens, p.CacheWrite1h))
+	return r
 }
 
-// WorstCase is the most a call can cost: every input token at the dearest
-// input-side rate (a 1-hour cache write) plus maxTokens of output.
-func (p Price) WorstCase(inputTokens, maxTokens int64) NanoUSD {
-	in := max(p.Input, p.CacheWrite5m, p.CacheWrite1h)
-	return addCost(costOf(inputTokens, in), costOf(maxTokens, p.Output))
+// Cost prices a call's usage in nano-USD, rounding each kind up. The tier is
+// chosen by the prompt length (input + cache writes + cache reads) and
+// applies to every token. Cache writes without a TTL split, or the part of
+// cache_creation_input_tokens the split does not explain, are priced at the
+// 1-hour rate (the dearer one): a policy choice, since message_delta carries
+// no split.
+func (p Price) Cost(u anthropic.Usage) NanoUSD {
+	split := max(u.CacheCreation5m, 0) + max(u.CacheCreation1h, 0)
+	writes := max(u.CacheCreationInputTokens, split)
+	r := p.rates(u.InputTokens + writes + u.CacheReadInputTokens)
+	return addCost(
+		costOf(u.InputTokens, r.Input),
+		costOf(u.OutputTokens, r.Output),
+		costOf(u.CacheReadInputTokens, r.CacheRead),
+		costOf(u.CacheCreation5m, r.CacheWrite5m),
+		costOf(u.CacheCreation1h, r.CacheWrite1h),
+		costOf(writes-split, r.CacheWrite1h),
+		costOf(u.WebSearchRequests*1_000_000, p.WebSearch),
+	)
+}
+
+// WorstCase is the most a call can cost in nano-USD: every prompt token
+// (promptTokens, an over-estimate) at the dearest input-side rate (usually
+// a 1-hour cache write) plus maxTokens of output, at the tier promptTokens
+// falls in (tiers only grow with the prompt, so an over-estimate of the
+// prompt never picks a cheaper tier). Server-tool requests (web search) are
+// not in it: their count is not known before the call.
+func (p Price) WorstCase(promptTokens, maxTokens int64) NanoUSD {
+	r := p.rates(promptTokens)
+	in := max(r.Input, r.CacheWrite5m, r.CacheWrite1h, r.CacheRead)
+	return addCost(costOf(promptTokens, in), costOf(maxTokens, r.Output))
 }

@@ -5,19 +5,33 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/token"
 )
 
-// ErrDenied is returned by PreCallCheck when the call could push the user
-// past their limit for the period.
+// ErrDenied is returned (wrapped in a *DenyError) by PreCallCheck when the
+// call could push the user past their spending limit for the period.
 var ErrDenied = errors.New("budget exceeded")
 
+// ErrFairUse is returned (wrapped in a *FairUseError) by PreCallCheck when
+// the user made too many calls or used too many tokens in the fair-use
+// window.
+var ErrFairUse = errors.New("fair-use limit reached")
+
+// ErrClosed is returned by calls on a closed Service.
+var ErrClosed = errors.New("budget service closed")
+
 // DenyError is the ErrDenied of one user and period; it says how much is
-// left so the message can tell the user.
+// left so the message can tell the user. Amounts are nano-USD.
 type DenyError struct {
 	UserID    string
 	Period    string
@@ -33,254 +47,633 @@ func (e *DenyError) Error() string {
 
 func (e *DenyError) Unwrap() error { return ErrDenied }
 
-// Config configures a Service.
-type Config struct {
-	// DefaultLimit is a user's monthly limit when no per-user limit is set,
-	// in nano-USD. Zero means 100 USD.
-	DefaultLimit NanoUSD
-	// ReservationTTL is how long an unsettled reservation holds budget
-	// before it is released. Zero means 30 minutes (longer than any stream).
-	ReservationTTL time.Duration
+// FairUseError is the ErrFairUse of one user: which limit was reached and
+// when a call may succeed again.
+type FairUseError struct {
+	UserID string
+	// Limit is "requests" or "tokens".
+	Limit      string
+	RetryAfter time.Duration
 }
 
-// Service is the UserBudgetService.
+func (e *FairUseError) Error() string {
+	return fmt.Sprintf("fair-use limit reached: user %s: too many %s in the window; retry after %s", e.UserID, e.Limit, e.RetryAfter)
+}
+
+func (e *FairUseError) Unwrap() error { return ErrFairUse }
+
+// PeriodKind is the length of a budget period.
+type PeriodKind string
+
+const (
+	// Monthly periods are UTC calendar months ("2026-11"), the default.
+	Monthly PeriodKind = "month"
+	// Weekly periods are ISO weeks ("2026-W48").
+	Weekly PeriodKind = "week"
+	// Daily periods are UTC days ("2026-11-30").
+	Daily PeriodKind = "day"
+)
+
+// Key returns the period that contains t.
+func (k PeriodKind) Key(t time.Time) string {
+	t = t.UTC()
+	switch k {
+	case Daily:
+		return t.Format(time.DateOnly)
+	case Weekly:
+		y, w := t.ISOWeek()
+		return fmt.Sprintf("%04d-W%02d", y, w)
+	}
+	return t.Format("2006-01")
+}
+
+// ParsePeriodKind parses "month", "week" or "day" ("" is month).
+func ParsePeriodKind(s string) (PeriodKind, error) {
+	switch PeriodKind(s) {
+	case "", Monthly:
+		return Monthly, nil
+	case Weekly, Daily:
+		return PeriodKind(s), nil
+	}
+	return "", fmt.Errorf("budget period %q: want month, week or day", s)
+}
+
+// FairUse limits a user's calls in a rolling window, across periods. A zero
+// field is no limit; a zero Window turns fair use off.
+type FairUse struct {
+	Window time.Duration
+	// MaxRequests is the most calls admitted in any Window.
+	MaxRequests int64
+	// MaxTokens is the most tokens (every kind, output included; an open
+	// call counts its estimated prompt) after which no call is admitted
+	// until older calls leave the window.
+	MaxTokens int64
+}
+
+func (f FairUse) on() bool { return f.Window > 0 && (f.MaxRequests > 0 || f.MaxTokens > 0) }
+
+// Config configures a Service. Zero values take the defaults noted.
+type Config struct {
+	// DefaultLimit is a user's limit per period when neither the user nor
+	// the call's tenant has one, in nano-USD. Zero means 100 USD.
+	DefaultLimit NanoUSD
+	// Period is the budget period. Default Monthly.
+	Period PeriodKind
+	// ReservationTTL is how long an unsettled reservation holds budget
+	// before it expires. An expired reservation is charged in full (its
+	// worst case): the call was admitted and may have spent up to that,
+	// and a debit must never be lost; a late settlement replaces that
+	// charge with the actual cost. Default 30 minutes (longer than any
+	// stream the gateway lets run).
+	ReservationTTL time.Duration
+	// FairUse is the fair-use policy; zero means none.
+	FairUse FairUse
+	// Logger logs background failures. Default slog.Default().
+	Logger *slog.Logger
+	// Metrics, when set, receives the service's measurements.
+	Metrics *Metrics
+}
+
+// Service is the UserBudgetService over the control-plane database
+// (SQLite or PostgreSQL). All writes except limit changes go through one
+// writer goroutine that commits them in batches (one transaction, one
+// fsync, for all the calls that arrived together); on PostgreSQL the
+// pre-call check instead runs as one function call on its own connection,
+// serialised per user by a row lock. Safe for concurrent use. Close stops it.
 type Service struct {
 	db  *controlstore.DB
 	cfg Config
-	now func() time.Time
+	// clock is the time source (func() time.Time); tests replace it.
+	clock atomic.Value
+	log   *slog.Logger
+
+	ops  chan *op
+	quit chan struct{}
+	done chan struct{}
+	// mu guards closed: enqueuers hold it shared so Close can wait for them.
+	mu     sync.RWMutex
+	closed bool
 }
 
-// NewService returns a Service over db.
+// NewService returns a Service over db and starts its writer.
 func NewService(db *controlstore.DB, cfg Config) *Service {
 	if cfg.DefaultLimit <= 0 {
-		cfg.DefaultLimit = 100 * 1_000_000_000
+		cfg.DefaultLimit = 100 * NanoPerUSD
+	}
+	if cfg.Period == "" {
+		cfg.Period = Monthly
 	}
 	if cfg.ReservationTTL <= 0 {
 		cfg.ReservationTTL = 30 * time.Minute
 	}
-	return &Service{db: db, cfg: cfg, now: time.Now}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Service{db: db, cfg: cfg, log: cfg.Logger,
+		ops: make(chan *op, 1024), quit: make(chan struct{}), done: make(chan struct{})}
+	s.clock.Store(time.Now)
+	go s.writer()
+	return s
 }
 
-// Period returns the budget period of t: the UTC calendar month, "2026-11".
-func Period(t time.Time) string { return t.UTC().Format("2006-01") }
+func (s *Service) now() time.Time { return s.clock.Load().(func() time.Time)() }
+
+// Close stops the writer after it committed every operation already queued.
+// Calls after Close fail with ErrClosed. Close is idempotent.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.quit)
+	}
+	s.mu.Unlock()
+	<-s.done
+	return nil
+}
+
+// Period returns the current period's key.
+func (s *Service) Period() string { return s.cfg.Period.Key(s.now()) }
+
+// Call is a model call to admit: who makes it and what it may cost.
+type Call struct {
+	UserID         string
+	Tenant         string
+	Env            string
+	ConversationID string
+	Model          string
+	// RequestID is the gateway's id of the call.
+	RequestID string
+	// Amount is the call's worst-case cost in nano-USD.
+	Amount NanoUSD
+	// EstimatedTokens is the call's estimated prompt, in tokens; it counts
+	// towards the fair-use token limit until the call is settled.
+	EstimatedTokens int64
+}
 
 // Reservation is budget held for one call between PreCallCheck and
 // PostCallDebit.
 type Reservation struct {
 	ID     string
 	UserID string
+	Tenant string
+	Env    string
 	Period string
+	// Amount is the reserved worst case in nano-USD.
 	Amount NanoUSD
 }
 
-// PreCallCheck reserves estimated (the call's worst-case cost) of userID's
-// budget for the current period. It returns a *DenyError (wrapping ErrDenied)
-// when spent + reserved + estimated would exceed the limit; then nothing is
-// reserved. The reservation is atomic: concurrent checks never admit more
-// than the limit, also for a user never seen before.
-func (s *Service) PreCallCheck(ctx context.Context, userID string, estimated NanoUSD) (Reservation, error) {
-	if estimated < 0 || userID == "" {
-		return Reservation{}, fmt.Errorf("reserve budget: invalid estimate %d for user %q", estimated, userID)
+// PreCallCheck admits c or refuses it. Admitted, it reserves c.Amount of the
+// user's budget for the current period, durably, before returning. It
+// returns a *DenyError (wrapping ErrDenied) when spent + reserved + c.Amount
+// would exceed the user's limit, a *FairUseError (wrapping ErrFairUse) when
+// the fair-use policy refuses; nothing is reserved then. The check and the
+// reservation are one atomic step: concurrent checks never admit more than
+// the limit, also for a user never seen before. Other errors are database
+// failures.
+func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error) {
+	if c.Amount < 0 || c.UserID == "" {
+		return Reservation{}, fmt.Errorf("reserve budget: invalid amount %d for user %q", c.Amount, c.UserID)
 	}
+	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
-	period := Period(now)
-	if err := s.expire(ctx, now); err != nil {
-		return Reservation{}, err
+	r := &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}
+	start := time.Now()
+	var res Reservation
+	var err error
+	if s.db.Dialect == controlstore.Postgres {
+		err = s.reservePostgres(ctx, r)
+	} else {
+		err = s.run(ctx, &op{reserve: r})
 	}
-	limit, err := s.limit(ctx, userID)
-	if err != nil {
-		return Reservation{}, err
+	if err == nil {
+		err = r.result()
 	}
-	res := Reservation{ID: token.NewID(), UserID: userID, Period: period, Amount: estimated}
-	db := s.db
-	tx, err := db.SQL.BeginTx(ctx, nil)
-	if err != nil {
-		return Reservation{}, fmt.Errorf("reserve budget: %w", err)
+	if err == nil {
+		res = Reservation{ID: r.id, UserID: c.UserID, Tenant: c.Tenant, Env: c.Env, Period: r.period, Amount: c.Amount}
 	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO budget_usage (user_id, period) VALUES (?, ?) ON CONFLICT DO NOTHING`), userID, period); err != nil {
-		return Reservation{}, fmt.Errorf("reserve budget: %w", err)
+	s.cfg.Metrics.observeReserve(time.Since(start), err)
+	return res, err
+}
+
+type reserveArgs struct {
+	call   Call
+	id     string
+	period string
+	now    time.Time
+	// outcome is set by the store: ok, budget, fair_use_requests,
+	// fair_use_tokens.
+	outcome    string
+	limit      NanoUSD
+	committed  NanoUSD
+	retryAfter time.Duration
+}
+
+func (r *reserveArgs) result() error {
+	switch r.outcome {
+	case "ok":
+		return nil
+	case "budget":
+		return &DenyError{UserID: r.call.UserID, Period: r.period, Limit: r.limit, Committed: r.committed, Needed: r.call.Amount}
+	case "fair_use_requests", "fair_use_tokens":
+		return &FairUseError{UserID: r.call.UserID, Limit: strings.TrimPrefix(r.outcome, "fair_use_"), RetryAfter: max(r.retryAfter, time.Second)}
 	}
-	r, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_usage SET reserved_nano = reserved_nano + ?
-		WHERE user_id = ? AND period = ? AND spent_nano + reserved_nano + ? <= ?`), estimated, userID, period, estimated, limit)
-	if err != nil {
-		return Reservation{}, fmt.Errorf("reserve budget: %w", err)
-	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		var committed NanoUSD
-		_ = tx.QueryRowContext(ctx, db.Q(`SELECT spent_nano + reserved_nano FROM budget_usage WHERE user_id = ? AND period = ?`), userID, period).Scan(&committed)
-		return Reservation{}, &DenyError{UserID: userID, Period: period, Limit: limit, Committed: committed, Needed: estimated}
-	}
-	if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO budget_reservations (id, user_id, period, amount_nano, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)`),
-		res.ID, userID, period, estimated, controlstore.Millis(now), controlstore.Millis(now.Add(s.cfg.ReservationTTL))); err != nil {
-		return Reservation{}, fmt.Errorf("reserve budget: %w", err)
-	}
-	if err := s.ledger(ctx, tx, now, "reserve", res, Debit{}, estimated); err != nil {
-		return Reservation{}, err
-	}
-	if err := tx.Commit(); err != nil {
-		return Reservation{}, fmt.Errorf("reserve budget: %w", err)
-	}
-	return res, nil
+	return fmt.Errorf("reserve budget: unexpected outcome %q", r.outcome)
 }
 
 // Debit describes a settled call for the ledger.
 type Debit struct {
 	ConversationID string
 	RequestID      string
-	Usage          anthropic.Usage
+	// Outcome says how the usage was measured (complete, stream_error,
+	// upstream_cut, client_disconnect, http_error, unmetered, ...).
+	Outcome string
+	Usage   anthropic.Usage
 }
 
-// PostCallDebit settles res with the call's actual cost: the reservation is
-// released and actual is added to the period's spend, with a ledger entry. A
-// reservation that already expired is not released twice, but the actual
-// cost is still booked. Settling the same reservation twice books nothing
-// the second time.
+// PostCallDebit settles res with the call's actual cost in nano-USD: the
+// reservation is released and actual is added to the period's spend, with a
+// ledger entry, durably before it returns. Settling a reservation twice
+// books nothing the second time. A reservation that already expired (and was
+// charged its worst case) gets that charge refunded and actual booked. A
+// reservation the database does not know is booked anyway. Errors are
+// database failures; the reservation then stays open, and expires.
 func (s *Service) PostCallDebit(ctx context.Context, res Reservation, actual NanoUSD, d Debit) error {
 	if actual < 0 {
 		return fmt.Errorf("debit budget: negative amount %d", actual)
 	}
-	now := s.now()
-	db := s.db
-	tx, err := db.SQL.BeginTx(ctx, nil)
+	if res.ID == "" || res.UserID == "" {
+		return fmt.Errorf("debit budget: reservation without id or user")
+	}
+	err := s.run(ctx, &op{settle: &settleArgs{res: res, amount: min(actual, MaxCost), debit: d, now: s.now()}})
+	if err == nil {
+		s.cfg.Metrics.observeDebit(res, actual, d)
+	}
+	return err
+}
+
+type settleArgs struct {
+	res    Reservation
+	amount NanoUSD
+	debit  Debit
+	now    time.Time
+	result string
+}
+
+// op is one write for the writer goroutine.
+type op struct {
+	ctx     context.Context
+	reserve *reserveArgs
+	settle  *settleArgs
+	expire  *expireArgs
+	done    chan error
+}
+
+type expireArgs struct {
+	now     time.Time
+	expired int
+}
+
+// run queues o for the writer and waits until it is committed (or failed).
+// A caller whose ctx ends while o is queued gets ctx's error and o is
+// skipped; once the writer took o, run waits for its outcome regardless of
+// ctx, so a caller always learns whether a reservation was made.
+func (s *Service) run(ctx context.Context, o *op) error {
+	o.ctx, o.done = ctx, make(chan error, 1)
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case s.ops <- o:
+	case <-ctx.Done():
+		s.mu.RUnlock()
+		return ctx.Err()
+	}
+	s.mu.RUnlock()
+	return <-o.done
+}
+
+// maxBatch bounds the operations committed in one transaction.
+const maxBatch = 128
+
+// writer commits queued operations in batches until Close, then commits what
+// is left. Every expiry sweep also runs here.
+func (s *Service) writer() {
+	defer close(s.done)
+	sweep := time.NewTicker(min(s.cfg.ReservationTTL/4, time.Minute))
+	defer sweep.Stop()
+	batch := make([]*op, 0, maxBatch)
+	for {
+		select {
+		case o := <-s.ops:
+			batch = append(batch[:0], o)
+		drain:
+			for len(batch) < maxBatch {
+				select {
+				case o := <-s.ops:
+					batch = append(batch, o)
+				default:
+					break drain
+				}
+			}
+			s.commit(batch)
+		case <-sweep.C:
+			o := &op{ctx: context.Background(), expire: &expireArgs{now: s.now()}, done: make(chan error, 1)}
+			s.commit([]*op{o})
+			if err := <-o.done; err != nil {
+				s.log.Error("expire budget reservations", "err", err)
+			}
+		case <-s.quit:
+			for {
+				select {
+				case o := <-s.ops:
+					s.commit([]*op{o})
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// commit runs ops in one transaction. When any fails, the transaction is
+// rolled back and each op is retried in its own, so one bad op cannot fail
+// the others.
+func (s *Service) commit(ops []*op) {
+	live := ops[:0:0]
+	for _, o := range ops {
+		if err := o.ctx.Err(); err != nil {
+			o.done <- err // the caller gave up before anything was written
+			continue
+		}
+		live = append(live, o)
+	}
+	if len(live) == 0 {
+		return
+	}
+	s.cfg.Metrics.observeBatch(len(live))
+	if err := s.tx(live); err == nil || len(live) == 1 {
+		for _, o := range live {
+			o.done <- err
+		}
+		return
+	}
+	for _, o := range live {
+		o.done <- s.tx([]*op{o})
+	}
+}
+
+// tx runs ops in one transaction.
+func (s *Service) tx(ops []*op) error {
+	ctx := context.Background() // the batch is not any one caller's
+	tx, err := s.db.SQL.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("debit budget: %w", err)
+		return fmt.Errorf("budget transaction: %w", err)
 	}
 	defer tx.Rollback()
-	var settled, amount int64
-	var settledAt *int64 // NULL: open; > 0: settled by a debit; < 0: expired
-	err = tx.QueryRowContext(ctx, db.Q(`SELECT amount_nano, settled_at FROM budget_reservations WHERE id = ?`), res.ID).Scan(&amount, &settledAt)
-	if err != nil {
-		return fmt.Errorf("debit budget: reservation %s: %w", res.ID, err)
-	}
-	if settledAt != nil && *settledAt >= 0 {
-		return nil // settled by a debit already
-	}
-	release := amount
-	if settledAt != nil {
-		release = 0 // expired: already released
-	}
-	settled = controlstore.Millis(now)
-	if _, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_reservations SET settled_at = ? WHERE id = ?`), settled, res.ID); err != nil {
-		return fmt.Errorf("debit budget: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_usage SET reserved_nano = reserved_nano - ?, spent_nano = spent_nano + ? WHERE user_id = ? AND period = ?`),
-		release, actual, res.UserID, res.Period); err != nil {
-		return fmt.Errorf("debit budget: %w", err)
-	}
-	if err := s.ledger(ctx, tx, now, "debit", res, d, actual); err != nil {
-		return err
+	for _, o := range ops {
+		switch {
+		case o.reserve != nil:
+			err = s.reserveTx(ctx, tx, o.reserve)
+		case o.settle != nil:
+			err = s.settleTx(ctx, tx, o.settle)
+		case o.expire != nil:
+			err = s.expireTx(ctx, tx, o.expire)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("debit budget: %w", err)
+		return fmt.Errorf("budget transaction: commit: %w", err)
 	}
 	return nil
 }
 
-func (s *Service) ledger(ctx context.Context, tx *sql.Tx, now time.Time, kind string, res Reservation, d Debit, amount NanoUSD) error {
-	u := d.Usage
-	_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO budget_ledger (id, created_at, kind, user_id, period, reservation_id,
-		conversation_id, model, request_id, input_tokens, output_tokens, cache_write_5m, cache_write_1h, cache_read, amount_nano)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-		token.NewID(), controlstore.Millis(now), kind, res.UserID, res.Period, res.ID,
-		d.ConversationID, u.Model, d.RequestID, u.InputTokens, u.OutputTokens,
-		u.CacheCreationInputTokens-u.CacheCreation1h, u.CacheCreation1h, u.CacheReadInputTokens, amount)
+// reservePostgres runs the pre-call check as one call of the
+// talkide_budget_reserve function (controlstore/pgsql), in its own
+// transaction, on any pooled connection.
+func (s *Service) reservePostgres(ctx context.Context, r *reserveArgs) error {
+	c, f := r.call, s.cfg.FairUse
+	var window int64
+	if f.on() {
+		window = f.Window.Milliseconds()
+	}
+	var retry int64
+	err := s.db.SQL.QueryRowContext(ctx, `SELECT outcome, limit_nano, committed_nano, retry_after_ms FROM talkide_budget_reserve(
+		$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+		r.id, ledgerID(), c.UserID, c.Tenant, c.Env, c.ConversationID, c.Model, c.RequestID, r.period, c.Amount,
+		c.EstimatedTokens, s.cfg.DefaultLimit, controlstore.Millis(r.now), controlstore.Millis(r.now.Add(s.cfg.ReservationTTL)),
+		window, f.MaxRequests, f.MaxTokens).Scan(&r.outcome, &r.limit, &r.committed, &retry)
 	if err != nil {
-		return fmt.Errorf("write budget ledger: %w", err)
+		return fmt.Errorf("reserve budget: %w", err)
 	}
+	r.retryAfter = time.Duration(retry) * time.Millisecond
 	return nil
 }
 
-// limit returns userID's monthly limit: a per-user override or the default.
-func (s *Service) limit(ctx context.Context, userID string) (NanoUSD, error) {
-	var l NanoUSD
-	err := s.db.SQL.QueryRowContext(ctx, s.db.Q(`SELECT limit_nano FROM budget_limits WHERE user_id = ?`), userID).Scan(&l)
+// reserveTx is talkide_budget_reserve in Go, for SQLite: the writer
+// goroutine is the only writer of budget rows, so the check and the
+// reservation cannot interleave with another call's.
+func (s *Service) reserveTx(ctx context.Context, tx *sql.Tx, r *reserveArgs) error {
+	c, db := r.call, s.db
+	now := controlstore.Millis(r.now)
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT limit_nano FROM budget_limits WHERE user_id = ?),
+		(SELECT limit_nano FROM budget_tenant_limits WHERE tenant = ?), ?)`, c.UserID, c.Tenant, s.cfg.DefaultLimit).Scan(&r.limit); err != nil {
+		return fmt.Errorf("reserve budget: read limit: %w", err)
+	}
+	var spent, reserved NanoUSD
+	err := tx.QueryRowContext(ctx, `SELECT spent_nano, reserved_nano FROM budget_usage WHERE user_id = ? AND period = ?`, c.UserID, r.period).Scan(&spent, &reserved)
 	if errors.Is(err, sql.ErrNoRows) {
-		return s.cfg.DefaultLimit, nil
+		_, err = tx.ExecContext(ctx, `INSERT INTO budget_usage (user_id, period) VALUES (?, ?)`, c.UserID, r.period)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("read budget limit: %w", err)
+		return fmt.Errorf("reserve budget: read usage: %w", err)
 	}
-	return l, nil
-}
-
-// SetLimit sets userID's monthly limit in nano-USD.
-func (s *Service) SetLimit(ctx context.Context, userID string, limit NanoUSD) error {
-	if limit < 0 {
-		return fmt.Errorf("set budget limit: negative limit %d", limit)
+	r.committed = spent + reserved
+	if f := s.cfg.FairUse; f.on() {
+		var n, tokens int64
+		var oldest sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(COALESCE(tokens, tokens_estimate)), 0), MIN(created_at)
+			FROM budget_reservations WHERE user_id = ? AND created_at > ?`, c.UserID, now-f.Window.Milliseconds()).Scan(&n, &tokens, &oldest); err != nil {
+			return fmt.Errorf("reserve budget: read fair-use window: %w", err)
+		}
+		retry := time.Duration(oldest.Int64+f.Window.Milliseconds()-now) * time.Millisecond
+		switch {
+		case f.MaxRequests > 0 && n >= f.MaxRequests:
+			r.outcome, r.retryAfter = "fair_use_requests", retry
+			return nil
+		case f.MaxTokens > 0 && tokens >= f.MaxTokens:
+			r.outcome, r.retryAfter = "fair_use_tokens", retry
+			return nil
+		}
 	}
-	_, err := s.db.SQL.ExecContext(ctx, s.db.Q(`INSERT INTO budget_limits (user_id, limit_nano) VALUES (?, ?)
-		ON CONFLICT (user_id) DO UPDATE SET limit_nano = excluded.limit_nano`), userID, limit)
-	if err != nil {
-		return fmt.Errorf("set budget limit: %w", err)
+	if r.committed+c.Amount > r.limit {
+		r.outcome = "budget"
+		return nil
 	}
+	if _, err := tx.ExecContext(ctx, `UPDATE budget_usage SET reserved_nano = reserved_nano + ? WHERE user_id = ? AND period = ?`, c.Amount, c.UserID, r.period); err != nil {
+		return fmt.Errorf("reserve budget: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO budget_reservations (id, user_id, period, amount_nano, created_at, expires_at, tenant, tokens_estimate)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, r.id, c.UserID, r.period, c.Amount, now, controlstore.Millis(r.now.Add(s.cfg.ReservationTTL)), c.Tenant, c.EstimatedTokens); err != nil {
+		return fmt.Errorf("reserve budget: %w", err)
+	}
+	if err := insertLedger(ctx, tx, db, ledgerRow{kind: "reserve", at: now, userID: c.UserID, period: r.period, reservation: r.id,
+		tenant: c.Tenant, env: c.Env, conversation: c.ConversationID, model: c.Model, requestID: c.RequestID, amount: c.Amount}); err != nil {
+		return err
+	}
+	r.outcome = "ok"
 	return nil
 }
 
-// Spend is a user's position in one period, in nano-USD.
-type Spend struct {
-	Period   string
-	Limit    NanoUSD
-	Spent    NanoUSD
-	Reserved NanoUSD
+// settleTx books one settlement: talkide_budget_settle on PostgreSQL, the
+// same steps in Go on SQLite.
+func (s *Service) settleTx(ctx context.Context, tx *sql.Tx, a *settleArgs) error {
+	res, d, u := a.res, a.debit, a.debit.Usage
+	now := controlstore.Millis(a.now)
+	cw5, cw1h := ledgerCacheWrites(u)
+	tokens := u.TotalTokens()
+	if s.db.Dialect == controlstore.Postgres {
+		refundID := ledgerID() // ids sort by time: a refund comes before its debit
+		err := tx.QueryRowContext(ctx, `SELECT talkide_budget_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`,
+			res.ID, ledgerID(), refundID, res.UserID, res.Tenant, res.Env, d.ConversationID, u.Model, d.RequestID, res.Period,
+			a.amount, tokens, u.InputTokens, u.OutputTokens, cw5, cw1h, u.CacheReadInputTokens, d.Outcome, now).Scan(&a.result)
+		if err != nil {
+			return fmt.Errorf("debit budget: %w", err)
+		}
+		return nil
+	}
+	var amount NanoUSD
+	var settledAt sql.NullInt64
+	period, user := res.Period, res.UserID
+	err := tx.QueryRowContext(ctx, `SELECT amount_nano, settled_at, period, user_id FROM budget_reservations WHERE id = ?`, res.ID).Scan(&amount, &settledAt, &period, &user)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := tx.ExecContext(ctx, `INSERT INTO budget_reservations (id, user_id, period, amount_nano, created_at, expires_at, settled_at, tenant, tokens)
+			VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?)`, res.ID, user, period, now, now, now, res.Tenant, tokens); err != nil {
+			return fmt.Errorf("debit budget: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO budget_usage (user_id, period, spent_nano) VALUES (?, ?, ?)
+			ON CONFLICT (user_id, period) DO UPDATE SET spent_nano = budget_usage.spent_nano + excluded.spent_nano`, user, period, a.amount); err != nil {
+			return fmt.Errorf("debit budget: %w", err)
+		}
+		a.result = "orphan"
+	case err != nil:
+		return fmt.Errorf("debit budget: reservation %s: %w", res.ID, err)
+	case settledAt.Valid && settledAt.Int64 >= 0:
+		a.result = "already"
+		return nil
+	default:
+		release, refund := amount, NanoUSD(0)
+		a.result = "settled"
+		if settledAt.Valid { // expired: its worst case was charged; replace it
+			release, refund = 0, amount
+			a.result = "expired_settled"
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE budget_usage SET reserved_nano = reserved_nano - ?, spent_nano = spent_nano - ? + ? WHERE user_id = ? AND period = ?`,
+			release, refund, a.amount, user, period); err != nil {
+			return fmt.Errorf("debit budget: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE budget_reservations SET settled_at = ?, tokens = ? WHERE id = ?`, now, tokens, res.ID); err != nil {
+			return fmt.Errorf("debit budget: %w", err)
+		}
+		if refund > 0 {
+			if err := insertLedger(ctx, tx, s.db, ledgerRow{kind: "refund", at: now, userID: user, period: period, reservation: res.ID,
+				tenant: res.Tenant, env: res.Env, conversation: d.ConversationID, model: u.Model, requestID: d.RequestID,
+				amount: refund, outcome: "expired_charge_replaced"}); err != nil {
+				return err
+			}
+		}
+	}
+	return insertLedger(ctx, tx, s.db, ledgerRow{kind: "debit", at: now, userID: user, period: period, reservation: res.ID,
+		tenant: res.Tenant, env: res.Env, conversation: d.ConversationID, model: u.Model, requestID: d.RequestID,
+		input: u.InputTokens, output: u.OutputTokens, cw5m: cw5, cw1h: cw1h, cacheRead: u.CacheReadInputTokens,
+		amount: a.amount, outcome: d.Outcome})
 }
 
-// Spend returns userID's spend in the current period.
-func (s *Service) Spend(ctx context.Context, userID string) (Spend, error) {
-	sp := Spend{Period: Period(s.now())}
-	l, err := s.limit(ctx, userID)
-	if err != nil {
-		return sp, err
-	}
-	sp.Limit = l
-	err = s.db.SQL.QueryRowContext(ctx, s.db.Q(`SELECT spent_nano, reserved_nano FROM budget_usage WHERE user_id = ? AND period = ?`), userID, sp.Period).
-		Scan(&sp.Spent, &sp.Reserved)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return sp, fmt.Errorf("read spend: %w", err)
-	}
-	return sp, nil
+// ledgerCacheWrites splits cache writes as they were priced: the 5-minute
+// writes, and everything else at the 1-hour rate.
+func ledgerCacheWrites(u anthropic.Usage) (cw5m, cw1h int64) {
+	cw5m = max(u.CacheCreation5m, 0)
+	return cw5m, max(u.CacheCreationInputTokens, cw5m+max(u.CacheCreation1h, 0)) - cw5m
 }
 
-// expire releases reservations past their expiry: each is marked settled with
-// a negative time (so a late debit books its cost without releasing twice)
-// and its amount leaves reserved_nano.
-func (s *Service) expire(ctx context.Context, now time.Time) error {
+// maxExpirePerSweep bounds the work of one sweep.
+const maxExpirePerSweep = 500
+
+// expireTx charges every reservation past its expiry in full: reserved
+// becomes spent, with an "expire" ledger entry.
+func (s *Service) expireTx(ctx context.Context, tx *sql.Tx, a *expireArgs) error {
 	db := s.db
-	rows, err := db.SQL.QueryContext(ctx, db.Q(`SELECT id, user_id, period, amount_nano FROM budget_reservations WHERE settled_at IS NULL AND expires_at < ? LIMIT 100`), controlstore.Millis(now))
+	now := controlstore.Millis(a.now)
+	rows, err := tx.QueryContext(ctx, db.Q(`SELECT id, user_id, period, amount_nano, tenant FROM budget_reservations
+		WHERE settled_at IS NULL AND expires_at < ? ORDER BY expires_at LIMIT `+fmt.Sprint(maxExpirePerSweep)), now)
 	if err != nil {
 		return fmt.Errorf("expire reservations: %w", err)
 	}
 	var stale []Reservation
 	for rows.Next() {
 		var r Reservation
-		if err := rows.Scan(&r.ID, &r.UserID, &r.Period, &r.Amount); err != nil {
+		if err := rows.Scan(&r.ID, &r.UserID, &r.Period, &r.Amount, &r.Tenant); err != nil {
 			rows.Close()
 			return fmt.Errorf("expire reservations: %w", err)
 		}
 		stale = append(stale, r)
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("expire reservations: %w", err)
+	}
 	for _, r := range stale {
-		tx, err := db.SQL.BeginTx(ctx, nil)
+		res, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_reservations SET settled_at = ? WHERE id = ? AND settled_at IS NULL`), -now, r.ID)
 		if err != nil {
 			return fmt.Errorf("expire reservations: %w", err)
 		}
-		res, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_reservations SET settled_at = ? WHERE id = ? AND settled_at IS NULL`), -controlstore.Millis(now), r.ID)
-		if err == nil {
-			if n, _ := res.RowsAffected(); n == 1 {
-				_, err = tx.ExecContext(ctx, db.Q(`UPDATE budget_usage SET reserved_nano = reserved_nano - ? WHERE user_id = ? AND period = ?`), r.Amount, r.UserID, r.Period)
-				if err == nil {
-					err = s.ledger(ctx, tx, now, "expire", r, Debit{}, r.Amount)
-				}
-			}
+		if n, _ := res.RowsAffected(); n != 1 {
+			continue // settled meanwhile (PostgreSQL: by another replica)
 		}
-		if err != nil {
-			tx.Rollback()
+		if _, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_usage SET reserved_nano = reserved_nano - ?, spent_nano = spent_nano + ? WHERE user_id = ? AND period = ?`),
+			r.Amount, r.Amount, r.UserID, r.Period); err != nil {
 			return fmt.Errorf("expire reservations: %w", err)
 		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("expire reservations: %w", err)
+		if err := insertLedger(ctx, tx, db, ledgerRow{kind: "expire", at: now, userID: r.UserID, period: r.Period, reservation: r.ID,
+			tenant: r.Tenant, amount: r.Amount, outcome: "never_settled"}); err != nil {
+			return err
 		}
+		a.expired++
+	}
+	return nil
+}
+
+// ExpireReservations charges every reservation whose TTL has passed (see
+// Config.ReservationTTL) and returns how many it charged. The writer also
+// does this on its own every quarter TTL (at most every minute).
+func (s *Service) ExpireReservations(ctx context.Context) (int, error) {
+	a := &expireArgs{now: s.now()}
+	err := s.run(ctx, &op{expire: a})
+	return a.expired, err
+}
+
+type ledgerRow struct {
+	kind, userID, period, reservation, tenant, env, conversation, model, requestID, outcome string
+	at                                                                                      int64
+	input, output, cw5m, cw1h, cacheRead                                                    int64
+	amount                                                                                  NanoUSD
+}
+
+// ledgerID returns a new ledger entry id: a UUIDv7, so ids sort by time.
+func ledgerID() string { return uuid.Must(uuid.NewV7()).String() }
+
+func insertLedger(ctx context.Context, tx *sql.Tx, db *controlstore.DB, r ledgerRow) error {
+	_, err := tx.ExecContext(ctx, db.Q(`INSERT INTO budget_ledger (id, created_at, kind, user_id, period, reservation_id,
+		conversation_id, model, request_id, input_tokens, output_tokens, cache_write_5m, cache_write_1h, cache_read, amount_nano,
+		tenant, env, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		ledgerID(), r.at, r.kind, r.userID, r.period, r.reservation, r.conversation, r.model, r.requestID,
+		r.input, r.output, r.cw5m, r.cw1h, r.cacheRead, r.amount, r.tenant, r.env, r.outcome)
+	if err != nil {
+		return fmt.Errorf("write budget ledger: %w", err)
 	}
 	return nil
 }

@@ -66,16 +66,46 @@ func migrate(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
 	if d == Postgres {
 		gd = goose.DialectPostgres
 	}
-	p, err := goose.NewProvider(gd, db, mustSub(migrations, "migrations"))
+	p, err := goose.NewProvider(gd, db, mustSub(migrations, "migrations"),
+		goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(goMigrations(d)...))
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if _, err := p.Up(ctx); err != nil {
+	unlock := func() {}
+	if d == Postgres {
+		if unlock, err = lockMigrations(ctx, db); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	_, err = p.Up(ctx)
+	unlock()
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	return &DB{SQL: db, Dialect: d}, nil
+}
+
+// lockMigrations takes a PostgreSQL advisory lock keyed by the current
+// schema, so control-plane replicas starting together migrate one at a
+// time (and tests in separate schemas do not wait for each other). The
+// returned func releases it.
+func lockMigrations(ctx context.Context, db *sql.DB) (func(), error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: lock: %w", err)
+	}
+	const key = `hashtext('talkide-migrate:' || current_schema())`
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock(`+key+`)`); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("migrate: lock: %w", err)
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+key+`)`)
+		conn.Close()
+	}, nil
 }
 
 // Close closes the database.

@@ -1,19 +1,82 @@
 package controlstore
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/talkide/talkide/internal/pgtest"
 )
 
-func TestSQLiteRoundTrip(t *testing.T) {
-	ctx := t.Context()
-	db, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "cp.db"))
+// opener opens a fresh, migrated, empty database for one test.
+type opener func(t *testing.T) *DB
+
+// openers are the implementations every conformance test runs against.
+var openers = map[string]opener{
+	"sqlite": func(t *testing.T) *DB {
+		db, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	},
+	"postgres": func(t *testing.T) *DB {
+		db, err := OpenPostgres(t.Context(), pgtest.SchemaURL(t), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	},
+}
+
+// TestConformance runs the store's behaviour tests on SQLite and PostgreSQL.
+func TestConformance(t *testing.T) {
+	tests := map[string]func(t *testing.T, db *DB){
+		"RoundTrip":        testRoundTrip,
+		"MigrateTwice":     testMigrateTwice,
+		"DialectRoundTrip": testDialectTypes,
+	}
+	for store, open := range openers {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			for name, test := range tests {
+				t.Run(name, func(t *testing.T) { test(t, open(t)) })
+			}
+		})
+	}
+}
+
+// testMigrateTwice checks that opening a migrated database again is a no-op.
+func testMigrateTwice(t *testing.T, db *DB) {
+	again, err := migrate(t.Context(), db.SQL, db.Dialect)
 	if err != nil {
+		t.Fatalf("second migration: %v", err)
+	}
+	if again.Dialect != db.Dialect {
+		t.Errorf("dialect: got %s, want %s", again.Dialect, db.Dialect)
+	}
+}
+
+// testDialectTypes checks that int64 amounts near the top of the range and
+// empty strings survive a round trip on both dialects (money is BIGINT).
+func testDialectTypes(t *testing.T, db *DB) {
+	ctx := context.Background()
+	const big = int64(1) << 60
+	if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO budget_limits (user_id, limit_nano) VALUES (?, ?)`), "", big); err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	var got int64
+	if err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT limit_nano FROM budget_limits WHERE user_id = ?`), "").Scan(&got); err != nil || got != big {
+		t.Errorf("got %d, %v; want %d", got, err, big)
+	}
+}
+
+func testRoundTrip(t *testing.T, db *DB) {
+	ctx := t.Context()
 	if err := db.UpsertUser(ctx, User{ID: "u1", TokenHash: "h1"}, [2]string{"demo", "dev"}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,16 +8,31 @@
 // not retry), strips every client credential, adds the API key, forwards the
 // request and streams the answer back byte for byte, flushed per write, while
 // a tee reads the usage; when the answer ends it books the actual cost
-// (postCallDebit). Errors use Anthropic's error envelope.
+// (postCallDebit) in the background, so the client never waits for the
+// database. Errors use Anthropic's error envelope. Metrics (metrics.go) and
+// the x-talkide-gateway-overhead-ms response header measure what it adds.
+//
+// Decisions (see also README "Gateway-proxy"):
+//   - Compression: the gateway asks the upstream for identity encoding. An
+//     upstream that compresses anyway is passed through unchanged (the
+//     client decodes it); gzip and deflate are decoded on the tee for
+//     metering, any other coding is charged at the reservation.
+//   - A stream that ends early (an error event after 200, an upstream cut,
+//     a client that went away) is debited for what is known: the input-side
+//     usage of message_start, and the larger of the reported output and an
+//     estimate of the output delivered. A client that goes away cancels the
+//     upstream call at once instead of draining it: the user stopped the
+//     turn, and draining would pay for output nobody reads.
 //
 // Main type: Handler. It does not mint tokens (package mint) or store prices
-// (package budget).
+// and budgets (package budget).
 package gateway
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +41,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +55,10 @@ import (
 
 // Budget is the UserBudgetService as the gateway uses it.
 type Budget interface {
-	PreCallCheck(ctx context.Context, userID string, estimated budget.NanoUSD) (budget.Reservation, error)
+	// PreCallCheck reserves the call's worst case or refuses it with a
+	// *budget.DenyError or *budget.FairUseError.
+	PreCallCheck(ctx context.Context, c budget.Call) (budget.Reservation, error)
+	// PostCallDebit replaces the reservation with the actual cost.
 	PostCallDebit(ctx context.Context, res budget.Reservation, actual budget.NanoUSD, d budget.Debit) error
 }
 
@@ -58,10 +77,12 @@ type Config struct {
 	// Budget is the UserBudgetService. Required.
 	Budget Budget
 	// Prices price calls; nil means budget.DefaultPrices().
-	Prices budget.PriceTable
+	Prices *budget.PriceTable
 	// Transport reaches the upstream; nil means a tuned http.Transport.
 	Transport http.RoundTripper
 	Logger    *slog.Logger
+	// Metrics, when set, receives the gateway's measurements.
+	Metrics *Metrics
 }
 
 // MaxRequestBytes is the largest request body forwarded (Anthropic's own
@@ -71,6 +92,10 @@ const MaxRequestBytes = 32 << 20
 // MaxOutputTokens bounds max_tokens of a call the gateway admits (16 Mi
 // tokens: far above any model's output limit).
 const MaxOutputTokens = 1 << 24
+
+// HeaderOverhead is the response header that reports, in milliseconds with
+// microsecond resolution, the latency the gateway added before forwarding.
+const HeaderOverhead = "X-Talkide-Gateway-Overhead-Ms"
 
 // allowedPaths are the upstream API paths workers may call.
 var allowedPaths = map[string]bool{
@@ -84,6 +109,9 @@ type Handler struct {
 	verifier *token.Verifier
 	rp       *httputil.ReverseProxy
 	log      *slog.Logger
+	m        *Metrics
+	// settles tracks the background debits; Close waits for them.
+	settles sync.WaitGroup
 }
 
 // New returns the gateway-proxy.
@@ -98,128 +126,210 @@ func New(cfg Config) *Handler {
 		cfg.Transport = &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:          512,
-			MaxIdleConnsPerHost:   256,
+			MaxIdleConns:          1024,
+			MaxIdleConnsPerHost:   512,
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute,
 			ForceAttemptHTTP2:     true,
 		}
 	}
-	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger}
+	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger, m: cfg.Metrics}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		Transport:      cfg.Transport,
 		FlushInterval:  -1, // flush every write: each SSE event reaches the worker at once
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
+		BufferPool:     bufferPool{},
+		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	return h
 }
 
+// Close waits until every call's debit is booked (or failed). Call it after
+// the HTTP server stopped serving.
+func (h *Handler) Close() { h.settles.Wait() }
+
+// bufferPool recycles the 32 KB copy buffers of relayed answers.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
+
 type call struct {
 	claims    *token.Claims
 	apiPath   string
+	model     string
 	res       budget.Reservation
 	reserved  bool
 	requestID string
 	start     time.Time
+	forwarded time.Time
+	// client is the incoming request's context: done when the client left.
+	client context.Context
 }
 
 type ctxKey struct{}
 
 func gatewayRequestID() string { return "req_gw_" + token.NewID()[:20] }
 
+// refusal is a call the gateway answers itself.
+type refusal struct {
+	status  int
+	typ     string
+	msg     string
+	reason  string // the denials metric label
+	header  map[string]string
+	details map[string]any
+}
+
 // ServeHTTP handles one call.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	reqID := gatewayRequestID()
-	fail := func(status int, typ, msg string, hdr map[string]string, details map[string]any) {
-		h.log.Info("gateway refused call", "status", status, "type", typ, "msg", msg, "path", r.URL.Path, "request_id", reqID)
-		for k, v := range hdr {
-			w.Header().Set(k, v)
-		}
-		anthropic.WriteError(w, status, typ, msg, reqID, details)
-	}
 	apiPath := strings.TrimPrefix(r.URL.Path, contract.PathGatewayPrefix)
-	if !allowedPaths[apiPath] {
-		fail(http.StatusNotFound, anthropic.ErrNotFound, "the gateway forwards only /v1/messages and /v1/messages/count_tokens", nil, nil)
+	c, ref := h.admit(w, r, apiPath, reqID, start)
+	if ref != nil {
+		h.refuse(w, r, apiPath, reqID, ref)
 		return
+	}
+	if c == nil {
+		return // the client went away while the body was read
+	}
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID string, f *refusal) {
+	h.log.Info("gateway refused call", "status", f.status, "type", f.typ, "reason", f.reason, "path", r.URL.Path, "request_id", reqID)
+	for k, v := range f.header {
+		w.Header().Set(k, v)
+	}
+	if !allowedPaths[apiPath] {
+		apiPath = "other"
+	}
+	h.m.deny(f.reason)
+	h.m.request(apiPath, f.status)
+	anthropic.WriteError(w, f.status, f.typ, f.msg, reqID, f.details)
+}
+
+// admit checks the call and reserves its budget. It returns the call to
+// forward, or the refusal to answer, or neither when the client is gone.
+// On success r's body is replaced by the bytes read.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID string, start time.Time) (*call, *refusal) {
+	if !allowedPaths[apiPath] {
+		return nil, &refusal{status: http.StatusNotFound, typ: anthropic.ErrNotFound, reason: "not_found",
+			msg: "the gateway forwards only /v1/messages and /v1/messages/count_tokens"}
 	}
 	if r.Method != http.MethodPost {
-		fail(http.StatusMethodNotAllowed, anthropic.ErrInvalidRequest, "method not allowed", nil, nil)
-		return
+		return nil, &refusal{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, reason: "method", msg: "method not allowed"}
 	}
 	raw := r.Header.Get(contract.HeaderWorkerToken)
 	if raw == "" {
-		fail(http.StatusUnauthorized, anthropic.ErrAuthentication, "missing X-Worker-Token", nil, nil)
-		return
+		return nil, &refusal{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, reason: "auth", msg: "missing X-Worker-Token"}
 	}
 	claims, err := h.verifier.Verify(raw)
 	if err != nil {
 		h.log.Warn("gateway refused worker token", "token", token.Fingerprint(raw), "request_id", reqID, "err", err)
-		fail(http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid or expired worker token", nil, nil)
-		return
+		ref := &refusal{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, reason: "auth", msg: "invalid or expired worker token"}
+		if errors.Is(err, token.ErrExpired) || errors.Is(err, token.ErrNotYetValid) {
+			// A WorkerToken is minted per request by the worker's local
+			// proxy, so the request repeated carries a fresh one: tell
+			// Anthropic clients to retry (their SDKs honour x-should-retry
+			// over the status).
+			ref.msg = "worker token expired or not yet valid (clock skew?); the retried request carries a fresh one"
+			ref.reason = "auth_expired"
+			ref.header = map[string]string{"x-should-retry": "true"}
+		}
+		return nil, ref
 	}
 	if claims.Conversation == "" || claims.User == "" {
-		fail(http.StatusForbidden, anthropic.ErrPermission, "worker token not scoped to a conversation", nil, nil)
-		return
+		return nil, &refusal{status: http.StatusForbidden, typ: anthropic.ErrPermission, reason: "forbidden", msg: "worker token not scoped to a conversation"}
 	}
+	tooLarge := &refusal{status: http.StatusRequestEntityTooLarge, typ: anthropic.ErrTooLarge, reason: "too_large", msg: "request body over 32 MB"}
 	if r.ContentLength > MaxRequestBytes {
-		fail(http.StatusRequestEntityTooLarge, anthropic.ErrTooLarge, "request body over 32 MB", nil, nil)
-		return
+		return nil, tooLarge
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	body, err := readBody(w, r)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			fail(http.StatusRequestEntityTooLarge, anthropic.ErrTooLarge, "request body over 32 MB", nil, nil)
-			return
+			return nil, tooLarge
 		}
 		if r.Context().Err() != nil {
-			return
+			return nil, nil
 		}
-		fail(http.StatusBadRequest, anthropic.ErrInvalidRequest, "read request body: "+err.Error(), nil, nil)
-		return
-	}
-	c := &call{claims: claims, apiPath: apiPath, requestID: reqID, start: time.Now()}
-	log := h.log.With("tenant", claims.Tenant, "env", claims.Env, "conversation", claims.Conversation, "user", claims.User, "request_id", reqID)
-	if apiPath == "/v1/messages" {
-		var head struct {
-			Model     string `json:"model"`
-			MaxTokens int64  `json:"max_tokens"`
-		}
-		if err := json.Unmarshal(body, &head); err != nil {
-			fail(http.StatusBadRequest, anthropic.ErrInvalidRequest, "request body is not a JSON object", nil, nil)
-			return
-		}
-		if head.MaxTokens < 1 || head.MaxTokens > MaxOutputTokens {
-			fail(http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens), nil, nil)
-			return
-		}
-		price, _ := h.cfg.Prices.PriceFor(head.Model)
-		// Input tokens, over-estimated: no tokenizer yields fewer than one
-		// token per 3 bytes of JSON.
-		est := price.WorstCase(int64(len(body))/3+1, max(head.MaxTokens, 1))
-		res, err := h.cfg.Budget.PreCallCheck(r.Context(), claims.User, est)
-		var deny *budget.DenyError
-		if errors.As(err, &deny) {
-			log.Info("budget denied call", "limit_nano_usd", deny.Limit, "committed_nano_usd", deny.Committed, "needed_nano_usd", deny.Needed)
-			fail(http.StatusTooManyRequests, anthropic.ErrRateLimit,
-				"TalkIDE budget exhausted: your spending limit for "+deny.Period+" does not cover this call. Ask your administrator to raise it.",
-				map[string]string{"x-should-retry": "false"}, map[string]any{"error_code": "budget_exceeded"})
-			return
-		}
-		if err != nil {
-			log.Error("budget check failed", "err", err)
-			fail(http.StatusServiceUnavailable, anthropic.ErrAPI, "budget service unavailable", nil, nil)
-			return
-		}
-		c.res, c.reserved = res, true
+		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "read request body: " + err.Error()}
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, c))
-	h.rp.ServeHTTP(w, r)
+	c := &call{claims: claims, apiPath: apiPath, requestID: reqID, start: start, client: r.Context()}
+	if apiPath != "/v1/messages" {
+		return c, nil // count_tokens is free
+	}
+	head, err := anthropic.ScanRequestHead(body)
+	if err != nil {
+		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "request body: " + strings.TrimPrefix(err.Error(), anthropic.ErrMalformedRequest.Error()+": ")}
+	}
+	if head.MaxTokens < 1 || head.MaxTokens > MaxOutputTokens {
+		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens)}
+	}
+	price, known := h.cfg.Prices.PriceFor(head.Model, start)
+	if !known && h.cfg.Prices.Unknown == budget.UnknownDeny {
+		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "unknown_model",
+			msg: fmt.Sprintf("model %q has no price in this TalkIDE gateway, so it cannot be budgeted; use a listed model or ask your administrator to add it", head.Model)}
+	}
+	c.model = head.Model
+	// Prompt tokens, over-estimated: no tokenizer yields fewer than one
+	// token per 3 bytes of JSON.
+	prompt := int64(len(body))/3 + 1
+	res, err := h.cfg.Budget.PreCallCheck(r.Context(), budget.Call{
+		UserID: claims.User, Tenant: claims.Tenant, Env: claims.Env, ConversationID: claims.Conversation,
+		Model: head.Model, RequestID: reqID, Amount: price.WorstCase(prompt, head.MaxTokens), EstimatedTokens: prompt,
+	})
+	var deny *budget.DenyError
+	var fair *budget.FairUseError
+	switch {
+	case errors.As(err, &deny):
+		h.log.Info("budget denied call", "tenant", claims.Tenant, "env", claims.Env, "conversation", claims.Conversation, "user", claims.User,
+			"request_id", reqID, "limit_nano_usd", deny.Limit, "committed_nano_usd", deny.Committed, "needed_nano_usd", deny.Needed)
+		return nil, &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "budget",
+			msg: fmt.Sprintf("TalkIDE budget exhausted: your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. Ask your administrator to raise the limit.",
+				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed)),
+			header:  map[string]string{"x-should-retry": "false"},
+			details: map[string]any{"error_code": "budget_exceeded", "period": deny.Period}}
+	case errors.As(err, &fair):
+		secs := int64((fair.RetryAfter + time.Second - 1) / time.Second)
+		return nil, &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "fair_use_" + fair.Limit,
+			msg:     fmt.Sprintf("TalkIDE fair-use limit: too many %s in a short time; try again in %d s.", fair.Limit, secs),
+			header:  map[string]string{"retry-after": strconv.FormatInt(secs, 10)},
+			details: map[string]any{"error_code": "fair_use_limit", "limit": fair.Limit}}
+	case err != nil && r.Context().Err() != nil:
+		return nil, nil
+	case err != nil:
+		h.log.Error("budget check failed", "user", claims.User, "request_id", reqID, "err", err)
+		return nil, &refusal{status: http.StatusServiceUnavailable, typ: anthropic.ErrAPI, reason: "budget_error", msg: "budget service unavailable"}
+	}
+	c.res, c.reserved = res, true
+	return c, nil
+}
+
+// readBody reads the request body, at most MaxRequestBytes, into one buffer
+// sized by Content-Length when the client sent one.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
+	if n := r.ContentLength; n > 0 && n <= MaxRequestBytes {
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		// Content-Length is the whole body; a longer one is the
+		// server's concern (it refuses it before we read).
+		return buf, nil
+	}
+	return io.ReadAll(rd)
 }
 
 // credentialHeaders never leave the gateway towards the upstream.
@@ -237,56 +347,99 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header.Set("X-Api-Key", h.cfg.APIKey)
 	}
 	// Ask for an uncompressed answer so the tee can read usage without
-	// decoding; the bytes reach the worker exactly as the upstream sent them.
+	// decoding; the bytes reach the worker exactly as the upstream sent
+	// them either way.
 	pr.Out.Header.Set("Accept-Encoding", "identity")
+	c.forwarded = time.Now()
+	h.m.observeOverhead(c.forwarded.Sub(c.start))
 }
 
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	c := resp.Request.Context().Value(ctxKey{}).(*call)
-	resp.Header.Set("X-Accel-Buffering", "no")
+	h.m.observeUpstream(c.apiPath, time.Since(c.forwarded))
+	h.m.request(c.apiPath, resp.StatusCode)
+	hdr := resp.Header
+	// Reverse proxies in front of the control plane must not buffer.
+	hdr.Set("X-Accel-Buffering", "no")
+	stream := strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
+	if stream && hdr.Get("Cache-Control") == "" {
+		hdr.Set("Cache-Control", "no-cache")
+	}
+	hdr.Set(HeaderOverhead, strconv.FormatFloat(float64(c.forwarded.Sub(c.start).Microseconds())/1000, 'f', 3, 64))
 	if !c.reserved {
 		return nil
 	}
-	m := &meteredBody{rc: resp.Body, done: func(u anthropic.Usage, complete bool) { h.settle(c, resp, u, complete) }}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	m := &meteredBody{rc: resp.Body, h: h, c: c, status: resp.StatusCode, requestID: hdr.Get("Request-Id")}
+	var sink io.Writer = &m.buf
+	if stream {
 		m.stream = &anthropic.StreamMeter{}
+		sink = m.stream
 	}
+	m.tee = sink
+	switch enc := strings.ToLower(strings.TrimSpace(hdr.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip", "x-gzip", "deflate":
+		m.decoder = newDecodeTee(enc, sink)
+		m.tee = m.decoder
+	default:
+		m.undecodable = enc // passed through, charged at the reservation
+	}
+	h.m.streams(1)
 	resp.Body = m
 	return nil
 }
 
-// settle books the call: the cost of the usage seen, the reservation released.
-func (h *Handler) settle(c *call, resp *http.Response, u anthropic.Usage, complete bool) {
-	price, known := h.cfg.Prices.PriceFor(u.Model)
-	cost := budget.NanoUSD(0)
-	if u.Started {
-		cost = price.Cost(u)
+// settle books the call's cost in the background.
+func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome, requestID string) {
+	if requestID == "" {
+		requestID = c.requestID
 	}
-	reqID := resp.Header.Get("request-id")
-	if reqID == "" {
-		reqID = c.requestID
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := h.cfg.Budget.PostCallDebit(ctx, c.res, cost, budget.Debit{ConversationID: c.claims.Conversation, RequestID: reqID, Usage: u})
-	log := h.log.With("tenant", c.claims.Tenant, "env", c.claims.Env, "conversation", c.claims.Conversation, "user", c.claims.User, "request_id", reqID)
-	if err != nil {
-		log.Error("post-call debit failed", "cost_nano_usd", cost, "err", err)
-		return
-	}
-	log.Info("call settled", "status", resp.StatusCode, "model", u.Model, "known_model", known, "input_tokens", u.InputTokens,
-		"output_tokens", u.OutputTokens, "cache_write_tokens", u.CacheCreationInputTokens, "cache_read_tokens", u.CacheReadInputTokens,
-		"cost_nano_usd", cost, "complete", complete, "duration_ms", time.Since(c.start).Milliseconds())
+	h.settles.Go(func() {
+		d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
+		var err error
+		for attempt := range 3 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = h.cfg.Budget.PostCallDebit(ctx, c.res, cost, d)
+			cancel()
+			if err == nil || errors.Is(err, budget.ErrClosed) {
+				break
+			}
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		}
+		model := "other"
+		if _, known := h.cfg.Prices.Lookup(u.Model, c.start); known {
+			model = u.Model
+		}
+		h.m.settled(model, u, cost, outcome, err)
+		if err != nil {
+			// The reservation stays open and is charged in full when it
+			// expires: the debit is not lost, only overstated.
+			h.log.Error("post-call debit failed", "tenant", c.claims.Tenant, "conversation", c.claims.Conversation, "user", c.claims.User,
+				"request_id", requestID, "cost_nano_usd", cost, "outcome", outcome, "err", err)
+			return
+		}
+		h.log.Debug("call settled", "tenant", c.claims.Tenant, "env", c.claims.Env, "conversation", c.claims.Conversation, "user", c.claims.User,
+			"request_id", requestID, "model", u.Model, "outcome", outcome, "input_tokens", u.InputTokens, "output_tokens", u.OutputTokens,
+			"cache_write_tokens", u.CacheCreationInputTokens, "cache_read_tokens", u.CacheReadInputTokens,
+			"cost_nano_usd", cost, "duration_ms", time.Since(c.start).Milliseconds())
+	})
 }
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	c, _ := r.Context().Value(ctxKey{}).(*call)
 	if c != nil && c.reserved {
-		// Nothing reached the upstream model (or nothing came back): release.
-		h.settleNothing(c)
+		// No answer came back: nothing to bill (an unreachable upstream
+		// took no request; one that timed out sent no usage).
+		h.settle(c, anthropic.Usage{Model: c.model}, 0, "no_answer", "")
+	}
+	path := "other"
+	reqID := ""
+	if c != nil {
+		path, reqID = c.apiPath, c.requestID
 	}
 	if r.Context().Err() != nil {
-		h.log.Info("gateway client went away", "status", httpapi.StatusClientClosed)
+		h.log.Info("gateway client went away", "status", httpapi.StatusClientClosed, "request_id", reqID)
+		h.m.request(path, httpapi.StatusClientClosed)
 		return
 	}
 	status, typ := http.StatusBadGateway, anthropic.ErrAPI
@@ -294,20 +447,9 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.As(err, &ne) && ne.Timeout() {
 		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
 	}
-	reqID := ""
-	if c != nil {
-		reqID = c.requestID
-	}
 	h.log.Error("gateway upstream failed", "status", status, "request_id", reqID, "err", err)
+	h.m.request(path, status)
 	anthropic.WriteError(w, status, typ, "upstream unreachable", reqID, nil)
-}
-
-func (h *Handler) settleNothing(c *call) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.cfg.Budget.PostCallDebit(ctx, c.res, 0, budget.Debit{ConversationID: c.claims.Conversation, RequestID: c.requestID}); err != nil {
-		h.log.Error("release reservation failed", "request_id", c.requestID, "err", err)
-	}
 }
 
 // maxJSONMeter bounds the copy of a non-streaming answer kept to read its
@@ -315,26 +457,34 @@ func (h *Handler) settleNothing(c *call) {
 const maxJSONMeter = 8 << 20
 
 // meteredBody passes the upstream body through unchanged while reading usage
-// from a copy, and reports once when the body ends or is closed.
+// from a copy, and settles the call once, when the body ends or is closed.
 type meteredBody struct {
-	rc     io.ReadCloser
-	stream *anthropic.StreamMeter // nil: a JSON answer, kept in buf
-	buf    bytes.Buffer
-	once   sync.Once
-	done   func(u anthropic.Usage, complete bool)
+	rc        io.ReadCloser
+	h         *Handler
+	c         *call
+	status    int
+	requestID string
+	stream    *anthropic.StreamMeter // nil: a JSON answer, kept in buf
+	buf       limitedBuffer
+	tee       io.Writer  // where read bytes are copied: the meter, buf or decoder
+	decoder   *decodeTee // set when the upstream compressed the answer
+	received  int64      // bytes read from the upstream
+	readErr   error      // the first read error other than EOF
+	once      sync.Once
+	// undecodable is a Content-Encoding the tee cannot read.
+	undecodable string
 }
 
 func (m *meteredBody) Read(p []byte) (int, error) {
 	n, err := m.rc.Read(p)
 	if n > 0 {
-		if m.stream != nil {
-			m.stream.Write(p[:n])
-		} else if m.buf.Len()+n <= maxJSONMeter {
-			m.buf.Write(p[:n])
-		}
+		m.received += int64(n)
+		m.tee.Write(p[:n])
 	}
 	if err == io.EOF {
 		m.finish(true)
+	} else if err != nil && m.readErr == nil {
+		m.readErr = err
 	}
 	return n, err
 }
@@ -345,14 +495,117 @@ func (m *meteredBody) Close() error {
 	return err
 }
 
+// finish works out what the call cost and settles it.
 func (m *meteredBody) finish(eof bool) {
 	m.once.Do(func() {
+		h, c := m.h, m.c
+		h.m.streams(-1)
+		var decodeErr error
+		if m.decoder != nil {
+			decodeErr = m.decoder.finish()
+		}
 		var u anthropic.Usage
 		if m.stream != nil {
 			u = m.stream.Usage()
-		} else if pu, ok := anthropic.ParseMessageUsage(m.buf.Bytes()); ok {
+		} else if pu, ok := anthropic.ParseMessageUsage(m.buf.Bytes()); ok && !m.buf.overflow {
 			u = pu
 		}
-		m.done(u, eof && (m.stream == nil || u.Finished))
+		if u.Model == "" {
+			u.Model = c.model
+		}
+		complete := u.Finished
+		outcome := "complete"
+		switch {
+		case m.status != http.StatusOK:
+			// Anthropic does not bill calls that fail with an error status.
+			h.settle(c, u, 0, "http_error", m.requestID)
+			return
+		case m.undecodable != "" || (!u.Started && u.ErrorType == "" && m.received > 0):
+			// Bytes came back that the tee could not read: charge the
+			// reservation, never nothing.
+			h.log.Warn("answer not metered: charging the reservation", "request_id", c.requestID, "content_encoding", m.undecodable,
+				"decode_err", decodeErr, "received_bytes", m.received)
+			h.settle(c, u, c.res.Amount, "unmetered", m.requestID)
+			return
+		case !u.Started && u.ErrorType != "":
+			h.settle(c, u, 0, "stream_error", m.requestID)
+			return
+		case !u.Started:
+			h.settle(c, u, 0, "no_answer", m.requestID)
+			return
+		case u.ErrorType != "":
+			outcome = "stream_error"
+		case complete:
+		case c.client.Err() != nil:
+			outcome = "client_disconnect"
+		case m.readErr != nil || !eof:
+			outcome = "upstream_cut"
+		default:
+			outcome = "incomplete"
+		}
+		billed := u
+		billed.OutputTokens = u.BilledOutputTokens(complete)
+		price, _ := h.cfg.Prices.PriceFor(u.Model, c.start)
+		h.settle(c, billed, price.Cost(billed), outcome, m.requestID)
 	})
+}
+
+// limitedBuffer keeps the first maxJSONMeter bytes written to it.
+type limitedBuffer struct {
+	bytes.Buffer
+	overflow bool
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > maxJSONMeter {
+		b.overflow = true
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+// errDecode stops a decodeTee's writer once decoding failed.
+var errDecode = errors.New("decode answer for metering")
+
+// decodeTee decodes a compressed answer for the meter on its own goroutine,
+// fed through a pipe; the bytes relayed to the client are untouched. Memory
+// is bounded by the decoder's window. Writes never fail.
+type decodeTee struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+	err  error // set before done closes
+}
+
+func newDecodeTee(enc string, dst io.Writer) *decodeTee {
+	pr, pw := io.Pipe()
+	d := &decodeTee{pw: pw, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		var r io.Reader
+		var err error
+		if enc == "deflate" {
+			r, err = zlib.NewReader(pr)
+		} else {
+			r, err = gzip.NewReader(pr)
+		}
+		if err == nil {
+			_, err = io.Copy(dst, r)
+		}
+		d.err = err
+		pr.CloseWithError(errDecode) // later writes return at once
+	}()
+	return d
+}
+
+func (d *decodeTee) Write(p []byte) (int, error) {
+	_, _ = d.pw.Write(p)
+	return len(p), nil
+}
+
+// finish ends the input and waits for the decoder; it returns the decoding
+// error, if any (a cut stream ends in io.ErrUnexpectedEOF).
+func (d *decodeTee) finish() error {
+	d.pw.Close()
+	<-d.done
+	return d.err
 }

@@ -135,7 +135,7 @@ func TestGatewayForwardsByteForByteAndBooksUsage(t *testing.T) {
 			want := ledgerRow{
 				Kind: "debit", ReservationID: ledger[0].ReservationID, ConversationID: convID, Model: model,
 				RequestID: up.header.Get("Request-Id"), InputTokens: 1200, OutputTokens: 42,
-				CacheWrite5m: 120, CacheWrite1h: 80, CacheRead: 300, Amount: cost,
+				CacheWrite5m: 120, CacheWrite1h: 80, CacheRead: 300, Amount: cost, Outcome: "complete",
 			}
 			if diff := cmp.Diff(want, ledger[1]); diff != "" {
 				t.Errorf("debit (-want +got):\n%s", diff)
@@ -315,7 +315,7 @@ func TestGatewayRejectsBodyOver32MB(t *testing.T) {
 
 func TestGatewayBudgetDenyIsFinalAndNeverForwarded(t *testing.T) {
 	f := newFixture(t)
-	if err := f.budget.SetLimit(t.Context(), userID, 1000); err != nil { // 1 µUSD: below any call's worst case
+	if err := f.budget.SetUserLimit(t.Context(), userID, 1000); err != nil { // 1 µUSD: below any call's worst case
 		t.Fatal(err)
 	}
 	got := do(t, f.request(t.Context(), t, http.MethodPost, "/v1/messages", f.workerToken(t, convID, userID), strings.NewReader(messagesBody(true, 1024))))
@@ -419,7 +419,7 @@ func TestGatewaySettlesCutStream(t *testing.T) {
 	if len(answers) != 1 || !bytes.HasPrefix(answers[0].body, got) || !bytes.Contains(got, []byte("event: message_start")) {
 		t.Errorf("client got %q, want a prefix of the upstream's bytes containing message_start", got)
 	}
-	checkDebit(t, f, ledger, startUsage())
+	checkDebit(t, f, ledger, startUsage(), "upstream_cut")
 }
 
 func TestGatewaySettlesStreamErrorEvent(t *testing.T) {
@@ -440,7 +440,7 @@ func TestGatewaySettlesStreamErrorEvent(t *testing.T) {
 	if !bytes.Contains(got.body, []byte("event: error\n")) {
 		t.Errorf("stream: got %q, want the error event", got.body)
 	}
-	checkDebit(t, f, f.waitSettled(t, userID, 1), startUsage())
+	checkDebit(t, f, f.waitSettled(t, userID, 1), startUsage(), "stream_error")
 }
 
 func TestGatewaySettlesWhenClientDisconnects(t *testing.T) {
@@ -472,15 +472,18 @@ func TestGatewaySettlesWhenClientDisconnects(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	checkDebit(t, f, f.waitSettled(t, userID, 1), startUsage())
+	checkDebit(t, f, f.waitSettled(t, userID, 1), startUsage(), "client_disconnect")
 }
 
 // checkDebit asserts the ledger holds one reserve and one debit that
 // books u at the default prices, and that the spend agrees.
-func checkDebit(t *testing.T, f *fixture, ledger []ledgerRow, u anthropic.Usage) {
+func checkDebit(t *testing.T, f *fixture, ledger []ledgerRow, u anthropic.Usage, outcome string) {
 	t.Helper()
 	if len(ledger) != 2 || ledger[0].Kind != "reserve" || ledger[1].Kind != "debit" {
 		t.Fatalf("ledger: got %+v, want a reserve and a debit", ledger)
+	}
+	if ledger[1].Outcome != outcome {
+		t.Errorf("debit outcome: got %q, want %q", ledger[1].Outcome, outcome)
 	}
 	d := ledger[1]
 	got := [3]int64{d.InputTokens, d.OutputTokens, d.Amount}
@@ -504,7 +507,7 @@ func TestGatewayConcurrentCallsCannotOverspend(t *testing.T) {
 	}
 	probe := f.waitSettled(t, "probe", 1)
 	est := probe[0].Amount
-	if err := f.budget.SetLimit(t.Context(), userID, est+est/2); err != nil {
+	if err := f.budget.SetUserLimit(t.Context(), userID, est+est/2); err != nil {
 		t.Fatal(err)
 	}
 	hold := make(chan struct{})
@@ -565,7 +568,7 @@ wait:
 func TestGatewayHugeMaxTokensCannotBypassBudget(t *testing.T) {
 	f := newFixture(t)
 	const limit = 10_000_000 // 1 cent
-	if err := f.budget.SetLimit(t.Context(), userID, limit); err != nil {
+	if err := f.budget.SetUserLimit(t.Context(), userID, limit); err != nil {
 		t.Fatal(err)
 	}
 	tok := f.workerToken(t, convID, userID)

@@ -25,6 +25,7 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/pgtest"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -147,9 +148,28 @@ type fixture struct {
 	logs   *logBuffer
 }
 
-func newFixture(t testing.TB) *fixture {
+// fixtureOptions vary a fixture.
+type fixtureOptions struct {
+	// postgres runs the budget on PostgreSQL instead of SQLite.
+	postgres bool
+	budget   budget.Config
+	prices   *budget.PriceTable
+	// upstream, when set, replaces the development upstream.
+	upstream http.Handler
+	metrics  *gateway.Metrics
+}
+
+func newFixture(t testing.TB) *fixture { return newFixtureWith(t, fixtureOptions{}) }
+
+func newFixtureWith(t testing.TB, o fixtureOptions) *fixture {
 	t.Helper()
-	db, err := controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
+	var db *controlstore.DB
+	var err error
+	if o.postgres {
+		db, err = controlstore.OpenPostgres(t.Context(), pgtest.SchemaURL(t), 70)
+	} else {
+		db, err = controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +179,11 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	up := devupstream.New(devupstream.Config{APIKey: upstreamKey})
-	rec := &recordingUpstream{next: up, extra: http.Header{
+	var next http.Handler = up
+	if o.upstream != nil {
+		next = o.upstream
+	}
+	rec := &recordingUpstream{next: next, extra: http.Header{
 		"Anthropic-Ratelimit-Requests-Limit":     {"50"},
 		"Anthropic-Ratelimit-Requests-Remaining": {"49"},
 		"Anthropic-Ratelimit-Tokens-Reset":       {"2026-11-30T12:00:00Z"},
@@ -171,17 +195,19 @@ func newFixture(t testing.TB) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := budget.NewService(db, budget.Config{})
+	svc := budget.NewService(db, o.budget)
 	logs := &logBuffer{}
 	gw := gateway.New(gateway.Config{
 		Upstream: upURL,
 		APIKey:   upstreamKey,
 		Keys:     []token.Key{master.Derive(token.PurposeGateway, "", "")},
 		Budget:   svc,
+		Prices:   o.prices,
+		Metrics:  o.metrics,
 		Logger:   slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	gwSrv := httptest.NewServer(gw)
-	t.Cleanup(gwSrv.Close)
+	t.Cleanup(func() { gwSrv.Close(); gw.Close(); svc.Close() })
 	return &fixture{db: db, budget: svc, master: master, up: up, rec: rec, gw: gwSrv, logs: logs}
 }
 
@@ -274,35 +300,27 @@ type ledgerRow struct {
 	CacheWrite1h   int64
 	CacheRead      int64
 	Amount         int64
+	Outcome        string
 }
 
 func (f *fixture) ledger(t testing.TB, user string) []ledgerRow {
 	t.Helper()
-	rows, err := f.db.SQL.QueryContext(context.Background(), `SELECT kind, reservation_id, conversation_id, model, request_id,
-		input_tokens, output_tokens, cache_write_5m, cache_write_1h, cache_read, amount_nano
-		FROM budget_ledger WHERE user_id = ? ORDER BY rowid`, user)
+	entries, err := f.budget.Ledger(context.Background(), budget.LedgerQuery{UserID: user})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
 	var out []ledgerRow
-	for rows.Next() {
-		var r ledgerRow
-		if err := rows.Scan(&r.Kind, &r.ReservationID, &r.ConversationID, &r.Model, &r.RequestID,
-			&r.InputTokens, &r.OutputTokens, &r.CacheWrite5m, &r.CacheWrite1h, &r.CacheRead, &r.Amount); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	for _, e := range entries {
+		out = append(out, ledgerRow{Kind: e.Kind, ReservationID: e.ReservationID, ConversationID: e.ConversationID, Model: e.Model,
+			RequestID: e.RequestID, InputTokens: e.InputTokens, OutputTokens: e.OutputTokens, CacheWrite5m: e.CacheWrite5m,
+			CacheWrite1h: e.CacheWrite1h, CacheRead: e.CacheRead, Amount: e.Amount, Outcome: e.Outcome})
 	}
 	return out
 }
 
 func (f *fixture) spend(t testing.TB, user string) budget.Spend {
 	t.Helper()
-	sp, err := f.budget.Spend(context.Background(), user)
+	sp, err := f.budget.Spend(context.Background(), user, tenant)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		t.Fatal(err)
 	}
@@ -351,6 +369,6 @@ func (f *fixture) waitNothingReserved(t testing.TB, user string) {
 
 // costOf prices usage as the gateway must: by the budget's default table.
 func costOf(u anthropic.Usage) budget.NanoUSD {
-	p, _ := budget.DefaultPrices().PriceFor(u.Model)
+	p, _ := budget.DefaultPrices().PriceFor(u.Model, time.Now())
 	return p.Cost(u)
 }
