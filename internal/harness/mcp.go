@@ -23,7 +23,8 @@ import (
 //     handshake), so none are sent. No port and no secret are involved.
 //   - external servers (a project's .mcp.json, filtered by the operator's
 //     policy) are passed with --mcp-config; the entries the policy refused
-//     become mcp_server_refused events.
+//     become mcp_server_refused events. --strict-mcp-config is always
+//     passed, so the CLI starts no MCP server the harness did not name.
 //
 // Hosted handlers run on their own goroutines, never under the session's
 // lock: a tool call may take seconds (it waits for the control plane) and
@@ -84,7 +85,10 @@ type mcpProcess struct {
 // reports refused servers. It returns a zero mcpProcess when no provider is
 // set.
 func (s *session) mcpLocked() (*mcpProcess, error) {
-	m := &mcpProcess{}
+	// --strict-mcp-config: without it the CLI also starts the servers of the
+	// project's .mcp.json (and the user's config) on its own, bypassing the
+	// operator's policy; checked with Claude Code 2.1.332.
+	m := &mcpProcess{args: []string{"--strict-mcp-config"}}
 	if s.h.cfg.MCP == nil {
 		return m, nil
 	}
@@ -97,7 +101,7 @@ func (s *session) mcpLocked() (*mcpProcess, error) {
 		s.emitLocked(contract.EventMCPServerRefused, r)
 	}
 	if len(setup.Config) > 0 {
-		m.args = []string{"--mcp-config", string(setup.Config)}
+		m.args = append(m.args, "--mcp-config", string(setup.Config))
 	}
 	m.hosted = setup.Hosted
 	m.close = setup.Close
