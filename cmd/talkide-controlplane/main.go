@@ -20,9 +20,10 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
+	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -65,6 +66,8 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 	cfg := controlplane.Config{
 		Addr:              os.Getenv("TALKIDE_HTTP_ADDR"),
 		DBPath:            os.Getenv("TALKIDE_DB_PATH"),
+		DatabaseURL:       os.Getenv("TALKIDE_DATABASE_URL"),
+		AdminToken:        os.Getenv("TALKIDE_ADMIN_TOKEN"),
 		APIKey:            os.Getenv("ANTHROPIC_API_KEY"),
 		WorkerURLTemplate: os.Getenv("TALKIDE_WORKER_URL_TEMPLATE"),
 		DevUserToken:      os.Getenv("TALKIDE_DEV_USER_TOKEN"),
@@ -87,11 +90,14 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 		cfg.Upstream = u
 	}
 	if v := os.Getenv("TALKIDE_DEFAULT_USER_LIMIT_USD"); v != "" {
-		d, err := strconv.ParseFloat(v, 64)
+		d, err := budget.ParseUSD(v)
 		if err != nil || d <= 0 {
-			return cfg, fmt.Errorf("TALKIDE_DEFAULT_USER_LIMIT_USD %q: want a positive number of dollars", v)
+			return cfg, fmt.Errorf("TALKIDE_DEFAULT_USER_LIMIT_USD %q: want a positive number of dollars like 100 or 12.50", v)
 		}
-		cfg.DefaultUserLimit = int64(d * 1e9)
+		cfg.DefaultUserLimit = d
+	}
+	if err := budgetFromEnv(&cfg); err != nil {
+		return cfg, err
 	}
 	for name, dst := range map[string]*[][2]string{"TALKIDE_DEV_GRANTS": &cfg.DevGrants, "TALKIDE_HEALTH_WORKERS": &cfg.HealthWorkers} {
 		te, err := controlplane.ParseTenantEnvs(os.Getenv(name))
@@ -114,7 +120,7 @@ func workerCredentials(ctx context.Context, args []string, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
+	db, err := controlplane.OpenDB(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -125,5 +131,54 @@ func workerCredentials(ctx context.Context, args []string, log *slog.Logger) err
 	}
 	fmt.Printf("TALKIDE_WORKER_IDENTITY_TOKEN=%s\n", idTok)
 	fmt.Printf("TALKIDE_WORKER_REQUEST_KEYS=%s\n", token.FormatKey(cfg.MasterKeys[0].Derive(token.PurposeWorkerRequest, *tenant, *env)))
+	return nil
+}
+
+// budgetFromEnv reads the gateway's price table and the budget policy.
+func budgetFromEnv(cfg *controlplane.Config) error {
+	if path := os.Getenv("TALKIDE_PRICES_FILE"); path != "" {
+		p, err := budget.LoadPriceTable(path)
+		if err != nil {
+			return fmt.Errorf("TALKIDE_PRICES_FILE: %w", err)
+		}
+		cfg.Prices = p
+	}
+	if v := os.Getenv("TALKIDE_UNKNOWN_MODEL"); v != "" {
+		pol := budget.UnknownModelPolicy(v)
+		if pol != budget.UnknownDearest && pol != budget.UnknownDeny {
+			return fmt.Errorf("TALKIDE_UNKNOWN_MODEL %q: want deny or dearest", v)
+		}
+		if cfg.Prices == nil {
+			cfg.Prices = budget.DefaultPrices()
+		}
+		cfg.Prices.Unknown = pol
+	}
+	period, err := budget.ParsePeriodKind(os.Getenv("TALKIDE_BUDGET_PERIOD"))
+	if err != nil {
+		return fmt.Errorf("TALKIDE_BUDGET_PERIOD: %w", err)
+	}
+	cfg.BudgetPeriod = period
+	for name, dst := range map[string]*time.Duration{"TALKIDE_FAIR_USE_WINDOW": &cfg.FairUse.Window, "TALKIDE_RESERVATION_TTL": &cfg.ReservationTTL} {
+		if v := os.Getenv(name); v != "" {
+			if name == "TALKIDE_FAIR_USE_WINDOW" && (v == "0" || v == "off") {
+				*dst = -1 // fair use off
+				continue
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("%s %q: want a positive duration like 1m, or off", name, v)
+			}
+			*dst = d
+		}
+	}
+	for name, dst := range map[string]*int64{"TALKIDE_FAIR_USE_MAX_REQUESTS": &cfg.FairUse.MaxRequests, "TALKIDE_FAIR_USE_MAX_TOKENS": &cfg.FairUse.MaxTokens} {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("%s %q: want a count (0 for no limit)", name, v)
+			}
+			*dst = n
+		}
+	}
 	return nil
 }

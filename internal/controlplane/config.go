@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/budget"
+	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -20,8 +21,31 @@ type Config struct {
 	// 127.0.0.1:8080.
 	Addr string
 	// DBPath is the SQLite database file [TALKIDE_DB_PATH]. Default
-	// ./talkide.db.
+	// ./talkide.db. Ignored when DatabaseURL is set.
 	DBPath string
+	// DatabaseURL, a postgres:// URL, puts all control-plane state in
+	// PostgreSQL instead of SQLite [TALKIDE_DATABASE_URL]; several
+	// control-plane replicas may share it.
+	DatabaseURL string
+	// AdminToken guards the operator API under /api/admin/ (Authorization:
+	// Bearer <token>) [TALKIDE_ADMIN_TOKEN]. Empty disables that API.
+	AdminToken string
+	// Prices is the gateway's price table [TALKIDE_PRICES_FILE, a JSON file
+	// in the format of budget/default_prices.json]. Default: the built-in
+	// table. [TALKIDE_UNKNOWN_MODEL=deny|dearest] overrides its policy for
+	// models it does not list.
+	Prices *budget.PriceTable
+	// BudgetPeriod is the spending-limit period [TALKIDE_BUDGET_PERIOD:
+	// month, week or day]. Default month (UTC calendar month).
+	BudgetPeriod budget.PeriodKind
+	// FairUse is the per-user fair-use policy [TALKIDE_FAIR_USE_WINDOW (a Go
+	// duration; "off" turns fair use off), TALKIDE_FAIR_USE_MAX_REQUESTS,
+	// TALKIDE_FAIR_USE_MAX_TOKENS]. Defaults: a 1-minute window, 120 calls,
+	// tokens unlimited. A negative Window is off.
+	FairUse budget.FairUse
+	// ReservationTTL is how long an unsettled budget reservation lives
+	// before it is charged in full [TALKIDE_RESERVATION_TTL]. Default 30m.
+	ReservationTTL time.Duration
 	// MasterKeys are the root secrets [TALKIDE_MASTER_KEYS,
 	// "kid:base64url,..."]; the first signs, all verify (rotation). Required.
 	MasterKeys []token.MasterKey
@@ -63,6 +87,27 @@ func (c *Config) Validate() error {
 	}
 	if c.DBPath == "" {
 		c.DBPath = "talkide.db"
+	}
+	if c.DatabaseURL != "" && !controlstore.IsPostgresURL(c.DatabaseURL) {
+		errs = append(errs, errors.New("TALKIDE_DATABASE_URL: want a postgres:// URL (leave it unset for SQLite at TALKIDE_DB_PATH)"))
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		errs = append(errs, errors.New("TALKIDE_ADMIN_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
+	}
+	if c.Prices == nil {
+		c.Prices = budget.DefaultPrices()
+	}
+	if c.BudgetPeriod == "" {
+		c.BudgetPeriod = budget.Monthly
+	}
+	if c.FairUse.Window == 0 {
+		c.FairUse.Window = time.Minute
+	}
+	if c.FairUse.Window > 0 && c.FairUse.MaxRequests == 0 && c.FairUse.MaxTokens == 0 {
+		c.FairUse.MaxRequests = 120
+	}
+	if c.ReservationTTL <= 0 {
+		c.ReservationTTL = 30 * time.Minute
 	}
 	if c.Upstream == nil {
 		c.Upstream, _ = url.Parse("https://api.anthropic.com")

@@ -8,22 +8,20 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/workerclient"
 )
 
 //go:embed page.html
 var page []byte
 
-// NewServer assembles the control plane over db. cfg must have passed
+// NewServer assembles the control plane over db, with the gateway-proxy,
+// budget and metrics of spend (see newSpendParts). cfg must have passed
 // Validate.
-func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
+func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mint.Handler) {
 	master := cfg.MasterKeys[0]
 	s := &Server{
 		cfg: cfg, db: db, master: master, log: cfg.Logger, mux: http.NewServeMux(),
@@ -31,17 +29,6 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 		heartbeat: 15 * time.Second,
 	}
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
-	var gwKeys []token.Key
-	for _, mk := range cfg.MasterKeys {
-		gwKeys = append(gwKeys, mk.Derive(token.PurposeGateway, "", ""))
-	}
-	gw := gateway.New(gateway.Config{
-		Upstream: cfg.Upstream,
-		APIKey:   cfg.APIKey,
-		Keys:     gwKeys,
-		Budget:   budget.NewService(db, budget.Config{DefaultLimit: cfg.DefaultUserLimit}),
-		Logger:   cfg.Logger.With("component", "gateway"),
-	})
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
 	s.mux.Handle("POST /api/conversations", h(s.createConversation))
 	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
@@ -50,7 +37,7 @@ func NewServer(cfg Config, db *controlstore.DB) (*Server, *mint.Handler) {
 	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
 	s.mux.Handle("GET /healthz", h(s.healthz))
 	s.mux.Handle("POST "+contract.PathMint, m)
-	s.mux.Handle(contract.PathGatewayPrefix+"/", gw)
+	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -70,17 +57,19 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 // RunWith is Run with the handler wrapped by wrap (when non-nil), for tests
 // that observe traffic.
 func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Handler) http.Handler) error {
-	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
+	db, err := OpenDB(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	spend := newSpendParts(cfg, db)
+	defer spend.close() // after the server stopped: pending debits are booked
 	if cfg.DevUserToken != "" {
 		if err := db.UpsertUser(ctx, controlstore.User{ID: "dev", TokenHash: HashUserToken(cfg.DevUserToken)}, cfg.DevGrants...); err != nil {
 			return err
 		}
 	}
-	s, _ := NewServer(cfg, db)
+	s, _ := NewServer(cfg, db, spend)
 	var h http.Handler = s
 	if wrap != nil {
 		h = wrap(s)
