@@ -1,0 +1,155 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/harness"
+	"github.com/talkide/talkide/internal/issuemcp"
+	"github.com/talkide/talkide/internal/mcppolicy"
+	"github.com/talkide/talkide/internal/outbox"
+	"github.com/talkide/talkide/internal/reportclient"
+	"github.com/talkide/talkide/internal/reportfeed"
+	"github.com/talkide/talkide/internal/sessionstore"
+)
+
+// ParseMCPPolicy reads the operator's MCP policy for project .mcp.json
+// servers: TALKIDE_MCP_ALLOW_COMMANDS and TALKIDE_MCP_ALLOW_URLS,
+// comma-separated globs (path.Match). Unset allows no project server.
+func ParseMCPPolicy(getenv func(string) string) (mcppolicy.Policy, error) {
+	cmds, err := mcppolicy.ParseList(getenv("TALKIDE_MCP_ALLOW_COMMANDS"))
+	if err != nil {
+		return mcppolicy.Policy{}, fmt.Errorf("TALKIDE_MCP_ALLOW_COMMANDS: %w", err)
+	}
+	urls, err := mcppolicy.ParseList(getenv("TALKIDE_MCP_ALLOW_URLS"))
+	if err != nil {
+		return mcppolicy.Policy{}, fmt.Errorf("TALKIDE_MCP_ALLOW_URLS: %w", err)
+	}
+	return mcppolicy.Policy{AllowCommands: cmds, AllowURLs: urls}, nil
+}
+
+// reporting is the worker's side of reporting: the outbox on the session
+// volume, the feed from the event logs into it, and the MCP servers
+// offered to each CLI process (talkide-issue-tracking and the project's
+// allowed .mcp.json servers).
+type reporting struct {
+	outbox *outbox.Outbox // nil without a control plane (development NoOp mode)
+	feed   *reportfeed.Feed
+	store  *sessionstore.Store
+	// cursorDir holds the feed's cursors, next to the outbox.
+	cursorDir string
+	mcp       *mcpProvider
+	log       *slog.Logger
+}
+
+// newReporting sets up reporting for c. Without a control plane
+// (NoOpUpstream) nothing is reported and only project MCP servers are
+// offered.
+func newReporting(c Config, store *sessionstore.Store, log *slog.Logger) (*reporting, error) {
+	policy := c.MCPPolicy
+	policy.Reserved = append(policy.Reserved, issuemcp.ServerName)
+	r := &reporting{store: store, log: log, mcp: &mcpProvider{policy: policy, log: log},
+		cursorDir: filepath.Join(c.SessionDir, "talkide", "outbox-cursors")}
+	if c.GatewayBaseURL == nil || c.NoOpUpstream != nil {
+		log.Warn("no control plane: reports are not sent and the talkide-issue-tracking MCP server is not offered")
+		return r, nil
+	}
+	client := reportclient.New(c.GatewayBaseURL, &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}, nil)
+	dir := filepath.Join(c.SessionDir, "talkide", "outbox")
+	ob, err := outbox.Open(outbox.Config{Dir: dir, Sender: client, Logger: log.With("component", "outbox")})
+	if err != nil {
+		return nil, err
+	}
+	r.outbox = ob
+	r.mcp.issues = issuemcp.New(issuemcp.Config{Queue: ob, Reader: client, Logger: log.With("component", "issue-mcp")})
+	return r, nil
+}
+
+// notify is the harness's OnEvent hook.
+func (r *reporting) notify(ev contract.Event) {
+	if r.feed != nil {
+		r.feed.Notify(ev)
+	}
+}
+
+// start runs the outbox and the feed over h's event logs until the
+// returned stop is called (after the harness has stopped, so its last
+// events are still taken).
+func (r *reporting) start(ctx context.Context, h *harness.Harness) (stop func()) {
+	if r.outbox == nil {
+		return func() {}
+	}
+	feed, err := reportfeed.New(reportfeed.Config{Outbox: r.outbox, Logs: h, List: r.store.List,
+		Dir: r.cursorDir, Logger: r.log.With("component", "report-feed")})
+	if err != nil {
+		r.log.Error("start report feed", "err", err)
+		return func() {}
+	}
+	r.feed = feed
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.outbox.Run(ctx) })
+	wg.Go(func() { feed.Run(ctx) })
+	return func() { cancel(); wg.Wait() }
+}
+
+var _ reportfeed.Logs = (*harness.Harness)(nil)
+
+// mcpProvider gives each CLI process the talkide-issue-tracking server (when
+// reporting runs) and the project's .mcp.json servers the policy allows.
+type mcpProvider struct {
+	issues *issuemcp.Server
+	policy mcppolicy.Policy
+	log    *slog.Logger
+}
+
+var _ harness.MCPProvider = (*mcpProvider)(nil)
+
+// MCPServers implements harness.MCPProvider.
+func (p *mcpProvider) MCPServers(c harness.MCPConversation) (harness.MCPSetup, error) {
+	var setup harness.MCPSetup
+	b, err := readLimited(filepath.Join(c.WorkDir, ".mcp.json"), mcppolicy.MaxFileBytes+1)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		setup.Refused = append(setup.Refused, contract.MCPServerRefused{Reason: "the project's .mcp.json could not be read: " + err.Error()})
+	default:
+		setup.Config, setup.Refused = p.policy.Filter(b)
+	}
+	if p.issues != nil {
+		h, err := p.issues.Open(c.ConversationID)
+		if err != nil {
+			return harness.MCPSetup{}, err
+		}
+		setup.Hosted = map[string]harness.MCPHandler{issuemcp.ServerName: h}
+		setup.Close = h.Close
+	}
+	return setup, nil
+}
+
+// readLimited reads at most n bytes of a regular file (a symlink to a
+// device or a FIFO in the working tree must not block the worker).
+func readLimited(path string, n int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
+}
