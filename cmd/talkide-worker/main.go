@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -46,6 +47,10 @@ func configFromEnv() (worker.Config, error) {
 		ClaudeBin:       os.Getenv("TALKIDE_CLAUDE_BIN"),
 		Model:           os.Getenv("TALKIDE_MODEL"),
 		PermissionMode:  os.Getenv("TALKIDE_PERMISSION_MODE"),
+		WorkerID:        os.Getenv("TALKIDE_WORKER_ID"),
+		AdvertiseURL:    os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
+		LeaseBackend:    os.Getenv("TALKIDE_LEASE_BACKEND"),
+		CLITmpDir:       os.Getenv("TALKIDE_CLI_TMP_DIR"),
 		CLIExtraEnv:     worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
 		Logger:          slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}
@@ -65,15 +70,29 @@ func configFromEnv() (worker.Config, error) {
 			*dst = u
 		}
 	}
+	policy, err := worker.ParseMCPPolicy(os.Getenv)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.MCPPolicy = policy
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
-	if v := os.Getenv("TALKIDE_IDLE_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return cfg, fmt.Errorf("TALKIDE_IDLE_TIMEOUT %q: want a positive duration such as 10m", v)
+	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace} {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return cfg, fmt.Errorf("%s %q: want a positive duration such as 10m", name, v)
+			}
+			*dst = d
 		}
-		cfg.IdleTimeout = d
+	}
+	if v := os.Getenv("TALKIDE_MAX_PROCESSES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return cfg, fmt.Errorf("TALKIDE_MAX_PROCESSES %q: want a positive integer", v)
+		}
+		cfg.MaxProcesses = n
 	}
 	return cfg, cfg.Validate()
 }

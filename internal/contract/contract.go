@@ -178,6 +178,7 @@ const (
 	EventTurnFailed     EventType = "turn_failed"
 	EventError          EventType = "error"
 	EventSessionStopped EventType = "session_stopped"
+	EventTurnQueued     EventType = "turn_queued"
 	// EventMCPServerRefused: an MCP server of the project's .mcp.json was
 	// not offered to the agent because the operator's policy refuses it.
 	EventMCPServerRefused EventType = "mcp_server_refused"
@@ -293,6 +294,9 @@ const (
 	FailProcessExited = "process_exited" // the CLI process ended without finishing the turn
 	FailStartFailed   = "start_failed"   // the CLI process could not be started
 	FailExecution     = "execution_error"
+	// FailWorkerRestarted: the worker stopped (crash, kill) during the turn;
+	// the turn is not run again by itself.
+	FailWorkerRestarted = "worker_restarted"
 )
 
 // TurnFailed: the turn ended without completing.
@@ -314,10 +318,25 @@ type ErrorEvent struct {
 	Message string `json:"message"`
 }
 
+// TurnQueued: the message's turn waits for a free agent process (the
+// worker caps how many run at once); it starts when one frees up.
+type TurnQueued struct {
+	ClientMessageID string `json:"client_message_id"`
+	// Position is the conversation's 1-based place in the worker's queue.
+	Position int `json:"position"`
+	// LiveProcesses and MaxProcesses are the worker's agent processes now
+	// and its cap.
+	LiveProcesses int `json:"live_processes"`
+	MaxProcesses  int `json:"max_processes"`
+}
+
 // SessionStopped: the CLI process of the conversation ended.
 type SessionStopped struct {
-	// Reason: "stopped" (Stop command), "idle" (idle timeout), "exited"
-	// (the process ended on its own), "shutdown" (worker shutdown).
+	// Reason: "stopped" (Stop command), "idle" (idle timeout), "evicted"
+	// (stopped to make room for a waiting turn), "exited" (the process ended
+	// on its own), "shutdown" (worker shutdown), "interrupt_timeout" (an
+	// interrupted turn did not end in time), "lease_lost" (another replica
+	// took the conversation over).
 	Reason   string `json:"reason"`
 	ExitCode int    `json:"exit_code"`
 }

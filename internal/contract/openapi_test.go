@@ -78,6 +78,7 @@ var eventTypes = []struct {
 	{"EventError", contract.EventError, contract.ErrorEvent{}},
 	{"EventSessionStopped", contract.EventSessionStopped, contract.SessionStopped{}},
 	{"EventMCPServerRefused", contract.EventMCPServerRefused, contract.MCPServerRefused{}},
+	{"EventTurnQueued", contract.EventTurnQueued, contract.TurnQueued{}},
 }
 
 // sessionStates, errorTypes and failReasons list the other documented
@@ -104,12 +105,13 @@ var (
 		"ErrTypeTimeout":        contract.ErrTypeTimeout,
 	}
 	failReasons = map[string]string{
-		"FailAPIError":      contract.FailAPIError,
-		"FailInterrupted":   contract.FailInterrupted,
-		"FailMaxTurns":      contract.FailMaxTurns,
-		"FailProcessExited": contract.FailProcessExited,
-		"FailStartFailed":   contract.FailStartFailed,
-		"FailExecution":     contract.FailExecution,
+		"FailAPIError":        contract.FailAPIError,
+		"FailInterrupted":     contract.FailInterrupted,
+		"FailMaxTurns":        contract.FailMaxTurns,
+		"FailProcessExited":   contract.FailProcessExited,
+		"FailStartFailed":     contract.FailStartFailed,
+		"FailWorkerRestarted": contract.FailWorkerRestarted,
+		"FailExecution":       contract.FailExecution,
 	}
 )
 
@@ -1058,6 +1060,7 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 		contract.EventError:            contract.ErrorEvent{Code: "store", Message: "disk full"},
 		contract.EventSessionStopped:   contract.SessionStopped{Reason: "idle", ExitCode: -1},
 		contract.EventMCPServerRefused: contract.MCPServerRefused{Server: "db", Transport: "stdio", Reason: "command psql is not allowed by TALKIDE_MCP_ALLOW_COMMANDS"},
+		contract.EventTurnQueued:       contract.TurnQueued{ClientMessageID: "m1", Position: 2, LiveProcesses: 4, MaxProcesses: 4},
 	}
 	if len(payloads) != len(eventTypes) {
 		t.Fatalf("payload samples for %d event types, want %d", len(payloads), len(eventTypes))

@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sessionstore"
 )
 
@@ -32,7 +34,8 @@ type Config struct {
 	// Required.
 	HomeDir string
 	// TmpRoot holds each process's private CLAUDE_CODE_TMPDIR and TMPDIR,
-	// <TmpRoot>/<conversation id>. Default: <os temp dir>/talkide-cli.
+	// <TmpRoot>/<conversation id>; on local disk, private to this replica.
+	// Default: <os temp dir>/talkide-cli/<Identity.Holder>.
 	TmpRoot string
 	// Model is the default --model; empty leaves the CLI's default.
 	Model string
@@ -58,6 +61,25 @@ type Config struct {
 	// conversation's log. It runs under the session's lock: it must return
 	// at once and must not call the Harness.
 	OnEvent func(contract.Event)
+	// Leases gives single ownership of conversations across replicas; nil
+	// means this is the only process using the session volume.
+	Leases lease.Manager
+	// Identity names this worker process (with Leases).
+	Identity lease.Identity
+	// MaxProcesses caps live CLI processes. A turn beyond the cap waits in
+	// a queue (a turn_queued event) while idle processes are stopped to make
+	// room. Default 4.
+	MaxProcesses int
+	// InterruptTimeout bounds how long an interrupted turn may take to end
+	// before its process is killed. Default 10 s.
+	InterruptTimeout time.Duration
+	// ShutdownGrace is how long running turns may go on after shutdown
+	// begins before they are interrupted. Default 20 s.
+	ShutdownGrace time.Duration
+	// RecoverInterval is how often the harness looks for conversations with
+	// waiting work that no live replica owns (handed over by a replica that
+	// shut down or died). Default 5 s.
+	RecoverInterval time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -65,7 +87,11 @@ func (c *Config) setDefaults() error {
 		return errors.New("harness config: ClaudeBin, ConfigDir, WorkspaceRoot and HomeDir are required")
 	}
 	if c.TmpRoot == "" {
-		c.TmpRoot = filepath.Join(os.TempDir(), "talkide-cli")
+		holder := c.Identity.Holder
+		if holder == "" {
+			holder = "local"
+		}
+		c.TmpRoot = filepath.Join(os.TempDir(), "talkide-cli", holder)
 	}
 	if c.PermissionMode == "" {
 		c.PermissionMode = "default"
@@ -75,6 +101,21 @@ func (c *Config) setDefaults() error {
 	}
 	if c.StopGrace <= 0 {
 		c.StopGrace = 5 * time.Second
+	}
+	if c.MaxProcesses <= 0 {
+		c.MaxProcesses = 4
+	}
+	if c.InterruptTimeout <= 0 {
+		c.InterruptTimeout = 10 * time.Second
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 20 * time.Second
+	}
+	if c.RecoverInterval <= 0 {
+		c.RecoverInterval = 5 * time.Second
+	}
+	if c.Leases != nil && (c.Identity.Holder == "" || c.Identity.Incarnation == "") {
+		return errors.New("harness config: Identity is required with Leases")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -107,9 +148,21 @@ var (
 	ErrInvalid = errors.New("invalid request")
 	// ErrTooLarge: the message text is over contract.MaxMessageBytes.
 	ErrTooLarge = errors.New("message too large")
-	// ErrShuttingDown: the worker is stopping and takes no new turns.
-	ErrShuttingDown = errors.New("worker shutting down")
+	// ErrNotOwner: another live replica owns the conversation; NotOwnerError
+	// says which, so the request can be forwarded there.
+	ErrNotOwner = errors.New("conversation owned by another replica")
+	// ErrUnavailable: the conversation cannot be served right now (its lease
+	// could not be read or taken); retry shortly.
+	ErrUnavailable = errors.New("conversation temporarily unavailable")
 )
+
+// NotOwnerError is ErrNotOwner with the owner's lease record.
+type NotOwnerError struct{ Owner lease.Record }
+
+func (e *NotOwnerError) Error() string {
+	return fmt.Sprintf("conversation owned by %s at %s", e.Owner.Holder, e.Owner.Address)
+}
+func (e *NotOwnerError) Unwrap() error { return ErrNotOwner }
 
 // Harness runs the conversations of one worker.
 type Harness struct {
@@ -119,12 +172,15 @@ type Harness struct {
 	log   *slog.Logger
 
 	mu sync.Mutex
-	// sessions holds every conversation loaded since start; guarded by mu.
+	// sessions holds the conversations this process owns and has loaded;
+	// guarded by mu.
 	sessions map[string]*session
-	// closing is set when Run's context ends; guarded by mu.
-	closing bool
+	// closing is set when shutdown begins: no new turn starts.
+	closing atomic.Bool
 
-	// procs counts live CLI processes' goroutines, waited for by Run.
+	slots slots
+
+	// procs counts goroutines of CLI processes, waited for by Run.
 	procs sync.WaitGroup
 }
 
@@ -134,40 +190,47 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session)}, nil
+	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session)}
+	h.slots.max = cfg.MaxProcesses
+	return h, nil
 }
 
-// Run blocks until ctx ends, then stops every CLI process (closing stdin,
-// then signalling its process group after StopGrace) and waits for them.
+// Run keeps the harness's leases and recovery going until ctx ends, then
+// shuts down gracefully: no new turn starts (messages are still accepted
+// and stored for the next owner), running turns get ShutdownGrace to
+// finish, then they are interrupted, every CLI process is stopped and every
+// lease released. It returns when all of that is done.
 func (h *Harness) Run(ctx context.Context) error {
-	<-ctx.Done()
-	h.mu.Lock()
-	h.closing = true
-	sessions := make([]*session, 0, len(h.sessions))
-	for _, s := range h.sessions {
-		sessions = append(sessions, s)
-	}
-	h.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, s := range sessions {
-		wg.Go(func() { s.stopProcess("shutdown") })
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	if h.cfg.Leases != nil {
+		wg.Go(func() { h.renewLoop(loopCtx) })
 	}
+	wg.Go(func() { h.recoverLoop(loopCtx) })
+	<-ctx.Done()
+	stopLoops()
 	wg.Wait()
-	h.procs.Wait()
-	for _, s := range sessions {
-		s.log.Close()
-	}
+	h.shutdown()
 	return nil
 }
 
-func (h *Harness) isClosing() bool {
+func (h *Harness) isClosing() bool { return h.closing.Load() }
+
+// loaded returns the sessions loaded now.
+func (h *Harness) loaded() []*session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.closing
+	out := make([]*session, 0, len(h.sessions))
+	for _, s := range h.sessions {
+		out = append(out, s)
+	}
+	return out
 }
 
-// session returns the loaded session of conv, loading it from the store if
-// needed. With create set, a missing session is created for userID.
+// session returns the loaded session of conv, loading it (taking its lease,
+// reading its state from the store, cleaning up after a crashed previous
+// owner) if needed. With create set, a missing session is created for
+// userID. Errors: ErrInvalid, ErrNotFound, *NotOwnerError, ErrUnavailable.
 func (h *Harness) session(conv, userID, model string, create bool) (*session, error) {
 	if err := contract.ValidConversationID(conv); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -177,6 +240,40 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 	if s, ok := h.sessions[conv]; ok {
 		return s, nil
 	}
+	if h.closing.Load() {
+		// A replica shutting down takes no new ownership; the next owner
+		// serves the conversation.
+		return nil, fmt.Errorf("%w: worker shutting down", ErrUnavailable)
+	}
+	if !create {
+		// Do not take a lease for a conversation that does not exist.
+		if _, err := h.store.LoadMeta(conv); errors.Is(err, sessionstore.ErrNotFound) {
+			return nil, ErrNotFound
+		}
+	}
+	var held *lease.Held
+	if h.cfg.Leases != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var err error
+		held, err = lease.Hold(ctx, h.cfg.Leases, conv)
+		cancel()
+		var he *lease.HeldError
+		if errors.As(err, &he) {
+			return nil, &NotOwnerError{Owner: he.Record}
+		}
+		if err != nil {
+			h.log.Error("take conversation lease", "conversation", conv, "err", err)
+			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+	}
+	s, err := h.loadLocked(conv, userID, model, create, held)
+	if err != nil && held != nil {
+		_ = held.Release(context.Background())
+	}
+	return s, err
+}
+
+func (h *Harness) loadLocked(conv, userID, model string, create bool, held *lease.Held) (*session, error) {
 	meta, err := h.store.LoadMeta(conv)
 	switch {
 	case errors.Is(err, sessionstore.ErrNotFound):
@@ -210,38 +307,62 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 	if err != nil {
 		return nil, err
 	}
-	s := &session{h: h, conv: conv, meta: meta, log: elog}
+	s := &session{h: h, conv: conv, meta: meta, log: elog, held: held}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if rep.TornBytes > 0 || rep.BadRecords > 0 {
 		h.log.Warn("event log repaired", "conversation", conv, "torn_bytes", rep.TornBytes, "bad_records", rep.BadRecords)
 		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "event_log_repaired",
 			Message: fmt.Sprintf("the event log ended in an incomplete record (%d bytes, from a crash) which was removed; %d unreadable records were skipped", rep.TornBytes, rep.BadRecords)})
 	}
+	s.recoverLocked()
 	h.sessions[conv] = s
+	s.pumpLocked()
 	return s, nil
 }
 
 // CreateSession creates the session of conv for req.UserID, or returns the
 // existing one (ErrUserMismatch if it belongs to another user).
 func (h *Harness) CreateSession(conv string, req contract.CreateSessionRequest) (contract.SessionStatus, error) {
-	s, err := h.session(conv, req.UserID, req.Model, true)
-	if err != nil {
-		return contract.SessionStatus{}, err
+	var st contract.SessionStatus
+	err := h.with(conv, req.UserID, req.Model, true, func(s *session) error {
+		if s.meta.UserID != req.UserID {
+			return ErrUserMismatch
+		}
+		st = s.statusLocked()
+		return nil
+	})
+	return st, err
+}
+
+// with runs f with conv's session locked, retrying once when the session
+// was unloaded between lookup and lock.
+func (h *Harness) with(conv, userID, model string, create bool, f func(s *session) error) error {
+	for range 3 {
+		s, err := h.session(conv, userID, model, create)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		if s.gone {
+			s.mu.Unlock()
+			continue
+		}
+		err = f(s)
+		s.mu.Unlock()
+		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.meta.UserID != req.UserID {
-		return contract.SessionStatus{}, ErrUserMismatch
-	}
-	return s.statusLocked(), nil
+	return fmt.Errorf("%w: session reloaded repeatedly", ErrUnavailable)
 }
 
 // SendMessage accepts a user message into the queue of conv's session
 // (created before with CreateSession; else ErrNotFound) and starts its turn
 // when the conversation is free. A client message id seen before is
 // acknowledged again with Duplicate set and nothing runs. The message is
-// stored before SendMessage returns. Errors: ErrInvalid, ErrTooLarge,
+// stored before SendMessage returns. During shutdown messages are still
+// accepted; the next owner runs them. Errors: ErrInvalid, ErrTooLarge,
 // ErrNotFound, ErrUserMismatch (req.UserID is not the session's user),
-// ErrShuttingDown.
+// *NotOwnerError, ErrUnavailable.
 func (h *Harness) SendMessage(conv string, req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
 	if err := contract.ValidConversationID(req.ClientMessageID); err != nil {
 		return contract.SendMessageResponse{}, fmt.Errorf("%w: client_message_id must be 1-64 characters of [A-Za-z0-9_-]", ErrInvalid)
@@ -255,24 +376,25 @@ func (h *Harness) SendMessage(conv string, req contract.SendMessageRequest) (con
 	if len(req.Text) > contract.MaxMessageBytes {
 		return contract.SendMessageResponse{}, fmt.Errorf("%w: text is over %d bytes", ErrTooLarge, contract.MaxMessageBytes)
 	}
-	if h.isClosing() {
-		return contract.SendMessageResponse{}, ErrShuttingDown
-	}
-	s, err := h.session(conv, "", "", false)
-	if err != nil {
-		return contract.SendMessageResponse{}, err
-	}
-	return s.enqueue(req)
+	var resp contract.SendMessageResponse
+	err := h.with(conv, "", "", false, func(s *session) error {
+		var err error
+		resp, err = s.enqueueLocked(req)
+		return err
+	})
+	return resp, err
 }
 
-// Interrupt asks conv's running turn to stop. It returns false when no turn
-// was running.
+// Interrupt asks conv's running turn to stop. The turn ends within
+// InterruptTimeout: if the CLI does not end it, its process is killed. It
+// returns false when no turn was running.
 func (h *Harness) Interrupt(conv string) (bool, error) {
-	s, err := h.session(conv, "", "", false)
-	if err != nil {
-		return false, err
-	}
-	return s.interrupt(), nil
+	var ok bool
+	err := h.with(conv, "", "", false, func(s *session) error {
+		ok = s.interruptLocked()
+		return nil
+	})
+	return ok, err
 }
 
 // Stop stops conv's CLI process (the running turn fails as interrupted,
@@ -290,51 +412,59 @@ func (h *Harness) Stop(conv string) (contract.SessionStatus, error) {
 
 // Status returns conv's status.
 func (h *Harness) Status(conv string) (contract.SessionStatus, error) {
-	s, err := h.session(conv, "", "", false)
-	if err != nil {
-		return contract.SessionStatus{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.statusLocked(), nil
+	var st contract.SessionStatus
+	err := h.with(conv, "", "", false, func(s *session) error {
+		st = s.statusLocked()
+		return nil
+	})
+	return st, err
 }
 
-// Events returns conv's event log, to follow.
-func (h *Harness) Events(conv string) (*sessionstore.EventLog, error) {
-	s, err := h.session(conv, "", "", false)
-	if err != nil {
-		return nil, err
+// Follow streams conv's events after id after to onEvent (see
+// sessionstore.EventLog.Follow) until ctx ends, onEvent or onIdle fails, or
+// this process stops owning the conversation (then it returns
+// sessionstore.ErrClosed and the client reconnects, reaching the new owner).
+// While a follower is connected the conversation stays loaded. onStart is
+// called once the conversation was found, before any event; errors before
+// it (ErrNotFound, *NotOwnerError, ...) mean nothing was streamed.
+func (h *Harness) Follow(ctx context.Context, conv string, after int64, heartbeat time.Duration, onEvent func(contract.Event) error, onIdle, onStart func() error) error {
+	var s *session
+	if err := h.with(conv, "", "", false, func(ls *session) error {
+		s = ls
+		s.followers++
+		return nil
+	}); err != nil {
+		return err
 	}
-	return s.log, nil
-}
-
-// Recover loads every conversation that has accepted messages waiting and
-// starts their turns; call it once at start-up, after the local proxy
-// listens. It returns the number of conversations resumed.
-func (h *Harness) Recover() (int, error) {
-	ids, err := h.store.List()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, id := range ids {
-		meta, err := h.store.LoadMeta(id)
-		if err != nil {
-			h.log.Error("load conversation state", "conversation", id, "err", err)
-			continue
-		}
-		if len(meta.Pending) == 0 {
-			continue
-		}
-		s, err := h.session(id, "", "", false)
-		if err != nil {
-			h.log.Error("load conversation", "conversation", id, "err", err)
-			continue
-		}
+	defer func() {
 		s.mu.Lock()
-		s.pumpLocked()
+		s.followers--
 		s.mu.Unlock()
-		n++
+		s.maybeUnload()
+	}()
+	if err := onStart(); err != nil {
+		return err
 	}
-	return n, nil
+	return s.log.Follow(ctx, after, heartbeat, onEvent, onIdle)
+}
+
+// Events returns conv's event log for reading: the live log when this
+// process owns the conversation, else a read-only view of the stored log
+// (no lease is taken; Follow on it does not see later appends). Use Follow
+// to stream events to a client.
+func (h *Harness) Events(conv string) (*sessionstore.EventLog, error) {
+	if err := contract.ValidConversationID(conv); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	h.mu.Lock()
+	s, ok := h.sessions[conv]
+	h.mu.Unlock()
+	if ok {
+		return s.log, nil
+	}
+	l, err := h.store.OpenEventLogReader(conv)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	return l, err
 }

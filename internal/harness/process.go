@@ -14,6 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/streamjson"
 )
 
@@ -30,7 +31,10 @@ type process struct {
 	announced bool   // session_started emitted
 	apiError  string // text of a synthetic API error message of the turn
 	idle      *time.Timer
-	mcp       *mcpProcess // MCP servers of the process (mcp.go); set before it runs
+	interrupt *time.Timer // kills the process if an interrupted turn does not end
+	// lastActive is when the process last finished a turn (or started).
+	lastActive time.Time
+	mcp        *mcpProcess // MCP servers of the process (mcp.go); set before it runs
 
 	mu sync.Mutex
 	// reason is why the harness stops the process, "" if it does not; guarded by mu.
@@ -122,6 +126,25 @@ func (p *process) armIdleTimer(d time.Duration, f func()) {
 	p.idle = time.AfterFunc(d, f)
 }
 
+func (p *process) armInterruptTimer(d time.Duration, f func()) {
+	if p.interrupt == nil {
+		p.interrupt = time.AfterFunc(d, f)
+	}
+}
+
+func (p *process) stopInterruptTimer() {
+	if p.interrupt != nil {
+		p.interrupt.Stop()
+		p.interrupt = nil
+	}
+}
+
+// kill ends the whole process group at once (SIGKILL); the reader sees EOF
+// and reaps the process.
+func (p *process) kill() {
+	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+}
+
 // terminate ends the process: close stdin (the CLI exits within about half
 // a second after its last result), then SIGTERM and later SIGKILL to its
 // whole process group. It returns once the process is reaped.
@@ -147,6 +170,9 @@ func (s *session) startLocked() (*process, error) {
 	cfg := s.h.cfg
 	resume := s.resumeModeLocked()
 	tmp := filepath.Join(cfg.TmpRoot, s.conv)
+	// A clean private tmp dir per process: no stale sockets or files of a
+	// process that died.
+	_ = os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("create tmp dir: %w", err)
 	}
@@ -181,7 +207,7 @@ func (s *session) startLocked() (*process, error) {
 	// Own process group, so the CLI and every tool it spawns are signalled
 	// together; Pdeathsig kills the CLI if the worker dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{})}
+	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}
 	cmd.Stderr = p
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -198,6 +224,9 @@ func (s *session) startLocked() (*process, error) {
 		return nil, fmt.Errorf("start %s: %w", cfg.ClaudeBin, err)
 	}
 	p.pgid = cmd.Process.Pid
+	s.meta.Process = &sessionstore.ProcessInfo{PID: p.pgid, PGID: p.pgid, Holder: s.h.cfg.Identity.Holder,
+		Incarnation: s.h.cfg.Identity.Incarnation, StartedAt: time.Now().UTC(), TmpDir: tmp}
+	_ = s.saveLocked() // best effort: it only helps a successor clean up after a crash
 	mcp.attach(s, p)
 	s.h.log.Info("claude code started", "conversation", s.conv, "session", s.meta.SessionID, "pid", p.pgid, "resume", resume)
 
@@ -240,8 +269,12 @@ func (s *session) startLocked() (*process, error) {
 		p.closeStdin()
 		err := cmd.Wait()
 		p.exitCode = cmd.ProcessState.ExitCode()
-		// Tools the CLI started may still run in its group: end them.
+		// Tools the CLI started may still run, in its group or in groups of
+		// their own: end them all.
 		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		if n := killByMarker(tmp); n > 0 {
+			s.h.log.Info("killed processes the agent left behind", "conversation", s.conv, "count", n)
+		}
 		if err != nil && p.stopReason() == "" {
 			s.h.log.Warn("claude code exited", "conversation", s.conv, "exit_code", p.exitCode, "stderr", p.stderrTail())
 		} else {

@@ -14,24 +14,34 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/streamjson"
 )
 
-// session is one conversation on this worker.
+// session is one conversation this worker process owns and has loaded.
 type session struct {
 	h    *Harness
 	conv string
 	log  *sessionstore.EventLog
+	// held is the conversation's lease (nil without Leases).
+	held *lease.Held
 
 	mu sync.Mutex
 	// meta is the durable state; every change is saved before it is acted
-	// on; guarded by mu.
+	// on. meta.Turn is the message whose turn runs; guarded by mu.
 	meta *sessionstore.Meta
 	// proc is the live CLI process, nil when none; guarded by mu.
 	proc *process
-	// turn is the message whose turn runs, nil when idle; guarded by mu.
-	turn *sessionstore.PendingMessage
+	// gone is set when the session was unloaded (lease released or lost);
+	// a caller holding a stale pointer must look the session up again;
+	// guarded by mu.
+	gone bool
+	// followers counts connected event streams; guarded by mu.
+	followers int
+	// slot is true while the session holds one of the MaxProcesses slots,
+	// queued while it waits for one; guarded by mu.
+	slot, queued bool
 }
 
 func (s *session) statusLocked() contract.SessionStatus {
@@ -46,7 +56,7 @@ func (s *session) statusLocked() contract.SessionStatus {
 		LastEventID:    s.log.LastID(),
 	}
 	switch {
-	case s.turn != nil:
+	case s.meta.Turn != nil:
 		st.State = contract.StateRunning
 	case s.meta.Stopped:
 		st.State = contract.StateStopped
@@ -58,6 +68,10 @@ func (s *session) statusLocked() contract.SessionStatus {
 // is logged; the conversation goes on, and readers see the gap as missing ids
 // never assigned (Append does not consume an id on failure).
 func (s *session) emitLocked(t contract.EventType, payload any) {
+	if !s.ownedLocked() {
+		s.h.log.Warn("event dropped: conversation no longer owned", "conversation", s.conv, "type", t)
+		return
+	}
 	ev, err := contract.NewEvent(s.conv, t, payload)
 	if err == nil {
 		ev, err = s.log.Append(ev)
@@ -72,6 +86,9 @@ func (s *session) emitLocked(t contract.EventType, payload any) {
 }
 
 func (s *session) saveLocked() error {
+	if !s.ownedLocked() {
+		return fmt.Errorf("save state of %s: %w", s.conv, ErrNotOwner)
+	}
 	if err := s.h.store.SaveMeta(s.meta); err != nil {
 		s.h.log.Error("save session state", "conversation", s.conv, "err", err)
 		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "storage_error", Message: "the conversation state could not be saved: " + err.Error()})
@@ -80,9 +97,8 @@ func (s *session) saveLocked() error {
 	return nil
 }
 
-func (s *session) enqueue(req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// enqueueLocked stores a message in the queue and starts its turn if it can.
+func (s *session) enqueueLocked(req contract.SendMessageRequest) (contract.SendMessageResponse, error) {
 	if req.UserID != s.meta.UserID {
 		return contract.SendMessageResponse{}, ErrUserMismatch
 	}
@@ -106,13 +122,28 @@ func (s *session) enqueue(req contract.SendMessageRequest) (contract.SendMessage
 	return resp, nil
 }
 
-// pumpLocked starts the next queued turn if none runs.
+// pumpLocked starts the next queued turn if none runs, the worker is not
+// shutting down, and a process slot is free (else the session queues for
+// one and is pumped again when it gets it).
 func (s *session) pumpLocked() {
-	for s.turn == nil && len(s.meta.Pending) > 0 && !s.h.isClosing() {
+	for s.meta.Turn == nil && len(s.meta.Pending) > 0 && !s.h.isClosing() && s.ownedLocked() {
 		if s.proc != nil && s.proc.stopping() {
 			return // exited() pumps again once the process is gone
 		}
 		if s.proc == nil {
+			if !s.slot {
+				if !s.h.slots.acquire(s) {
+					if !s.queued {
+						s.queued = true
+						live, max, pos := s.h.slots.status(s)
+						s.emitLocked(contract.EventTurnQueued, contract.TurnQueued{
+							ClientMessageID: s.meta.Pending[0].ClientMessageID, Position: pos, LiveProcesses: live, MaxProcesses: max})
+						go s.h.evictIdle()
+					}
+					return // slots.release hands us a slot and pumps again
+				}
+				s.slot, s.queued = true, false
+			}
 			p, err := s.startLocked()
 			if err != nil {
 				next := s.meta.Pending[0]
@@ -123,14 +154,20 @@ func (s *session) pumpLocked() {
 					ClientMessageID: next.ClientMessageID, Reason: contract.FailStartFailed,
 					Message: "could not start the agent: " + err.Error(),
 				})
+				s.releaseSlotLocked()
 				continue
 			}
 			s.proc = p
 		}
 		next := s.meta.Pending[0]
 		s.meta.Pending = s.meta.Pending[1:]
-		s.turn = &next
-		_ = s.saveLocked()
+		s.meta.Turn = &next
+		if err := s.saveLocked(); err != nil {
+			// Not stored: do not run it (a restart would not know of it).
+			s.meta.Turn = nil
+			s.meta.Pending = append([]sessionstore.PendingMessage{next}, s.meta.Pending...)
+			return
+		}
 		s.proc.stopIdleTimer()
 		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID})
 		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
@@ -247,8 +284,8 @@ func (s *session) handle(p *process, m streamjson.Message) {
 
 func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 	msgID := ""
-	if s.turn != nil {
-		msgID = s.turn.ClientMessageID
+	if s.meta.Turn != nil {
+		msgID = s.meta.Turn.ClientMessageID
 	}
 	usage := contract.Usage{
 		InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens,
@@ -289,11 +326,16 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 		s.emitLocked(contract.EventTurnFailed, f)
 	}
 	p.apiError = ""
-	s.turn = nil
+	p.lastActive = time.Now()
+	p.stopInterruptTimer()
+	s.meta.Turn = nil
 	_ = s.saveLocked()
 	s.pumpLocked()
-	if s.turn == nil {
+	if s.meta.Turn == nil {
 		p.armIdleTimer(s.h.cfg.IdleTimeout, func() { s.stopIfIdle(p) })
+		if s.h.WaitingTurns() > 0 {
+			go s.h.evictIdle() // this process is idle now: make room for a waiting turn
+		}
 	}
 }
 
@@ -340,22 +382,28 @@ func (s *session) exited(p *process) {
 	}
 	s.proc = nil
 	s.h.proxy.Unregister(s.conv)
+	p.stopInterruptTimer()
+	s.meta.Process = nil
 	reason := p.stopReason()
 	if reason == "" {
 		reason = "exited"
 	}
-	if s.turn != nil {
-		f := contract.TurnFailed{ClientMessageID: s.turn.ClientMessageID, Reason: contract.FailProcessExited,
+	if s.meta.Turn != nil {
+		f := contract.TurnFailed{ClientMessageID: s.meta.Turn.ClientMessageID, Reason: contract.FailProcessExited,
 			Message: fmt.Sprintf("the agent process ended (exit code %d) before the turn finished", p.exitCode)}
-		if reason == "stopped" || reason == "shutdown" {
+		switch reason {
+		case "stopped", "shutdown":
 			f.Reason = contract.FailInterrupted
 			f.Message = "the session was stopped (" + reason + ") during the turn"
+		case "interrupt_timeout":
+			f.Reason = contract.FailInterrupted
+			f.Message = "the turn did not end within the interrupt timeout; its process was killed"
 		}
 		if tail := p.stderrTail(); tail != "" {
 			f.Message += ": " + tail
 		}
 		s.emitLocked(contract.EventTurnFailed, f)
-		s.turn = nil
+		s.meta.Turn = nil
 	}
 	s.emitLocked(contract.EventSessionStopped, contract.SessionStopped{Reason: reason, ExitCode: p.exitCode})
 	if reason == "stopped" {
@@ -366,16 +414,34 @@ func (s *session) exited(p *process) {
 		s.meta.Pending = nil
 	}
 	_ = s.saveLocked()
+	s.releaseSlotLocked()
 	s.pumpLocked()
+	if s.proc == nil && s.meta.Turn == nil && len(s.meta.Pending) == 0 {
+		go s.maybeUnload()
+	}
 }
 
-func (s *session) interrupt() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.turn == nil || s.proc == nil {
+// interruptLocked asks the running turn to stop: a control interrupt to the
+// CLI, and a timer that kills the process if the turn has not ended within
+// InterruptTimeout, so an interrupt never hangs.
+func (s *session) interruptLocked() bool {
+	if s.meta.Turn == nil || s.proc == nil {
 		return false
 	}
-	s.proc.send(streamjson.ControlRequestLine("interrupt-"+uuid.NewString(), "interrupt", nil))
+	p := s.proc
+	p.send(streamjson.ControlRequestLine("interrupt-"+uuid.NewString(), "interrupt", nil))
+	p.armInterruptTimer(s.h.cfg.InterruptTimeout, func() {
+		s.mu.Lock()
+		still := s.proc == p && s.meta.Turn != nil
+		if still {
+			p.beginStop("interrupt_timeout")
+		}
+		s.mu.Unlock()
+		if still {
+			s.h.log.Warn("interrupted turn did not end in time; killing its process", "conversation", s.conv)
+			p.kill()
+		}
+	})
 	return true
 }
 
@@ -404,7 +470,7 @@ func (s *session) stopProcess(reason string) {
 
 func (s *session) stopIfIdle(p *process) {
 	s.mu.Lock()
-	idle := s.proc == p && s.turn == nil && len(s.meta.Pending) == 0
+	idle := s.proc == p && s.meta.Turn == nil && len(s.meta.Pending) == 0
 	if idle {
 		p.beginStop("idle")
 	}

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -127,12 +128,16 @@ func (c *Config) setDefaults() error {
 // trusted: it turns false a margin before the lease could expire for
 // others, so a holder that cannot renew stops acting before anyone else may
 // start.
+// Its methods are safe for concurrent use.
 type Held struct {
 	m    Manager
 	name string
-	rec  Record
+
+	mu sync.Mutex
+	// rec is the record as of the last acquisition or renewal; guarded by mu.
+	rec Record
 	// deadline is when this process must stop trusting the lease: the last
-	// successful (re)acquisition plus Duration minus a safety margin.
+	// successful (re)acquisition plus two thirds of Duration; guarded by mu.
 	deadline time.Time
 }
 
@@ -151,23 +156,38 @@ func Hold(ctx context.Context, m Manager, name string) (*Held, error) {
 func trustWindow(d time.Duration) time.Duration { return d * 2 / 3 }
 
 // Record returns the record as of the last acquisition or renewal.
-func (h *Held) Record() Record { return h.rec }
+func (h *Held) Record() Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec
+}
 
 // Generation is the fencing token.
-func (h *Held) Generation() int64 { return h.rec.Generation }
+func (h *Held) Generation() int64 { return h.Record().Generation }
 
 // Valid reports whether the holder may still act on the lease.
-func (h *Held) Valid() bool { return time.Now().Before(h.deadline) }
+func (h *Held) Valid() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Now().Before(h.deadline)
+}
 
-// Renew extends the lease. On failure Valid eventually turns false.
+// Renew extends the lease. On failure Valid eventually turns false (at
+// once for ErrLost).
 func (h *Held) Renew(ctx context.Context) error {
 	start := time.Now()
-	rec, err := h.m.Renew(ctx, h.name, h.rec.Generation)
+	gen := h.Generation()
+	rec, err := h.m.Renew(ctx, h.name, gen)
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, ErrLost) {
 			h.deadline = time.Time{}
 		}
 		return err
+	}
+	if h.deadline.IsZero() {
+		return fmt.Errorf("renew lease %s: %w (released)", h.name, ErrLost)
 	}
 	h.rec = rec
 	h.deadline = start.Add(trustWindow(h.m.Duration()))
@@ -176,6 +196,9 @@ func (h *Held) Renew(ctx context.Context) error {
 
 // Release gives the lease up; Valid is false afterwards.
 func (h *Held) Release(ctx context.Context) error {
+	h.mu.Lock()
 	h.deadline = time.Time{}
-	return h.m.Release(ctx, h.name, h.rec.Generation)
+	gen := h.rec.Generation
+	h.mu.Unlock()
+	return h.m.Release(ctx, h.name, gen)
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -55,10 +56,15 @@ type EventLog struct {
 	changed chan struct{}
 	// closed is set by Close; guarded by mu.
 	closed bool
+	// readOnly is set for logs opened with OpenEventLogReader.
+	readOnly bool
 }
 
 // ErrClosed is returned by Append on a closed log.
 var ErrClosed = errors.New("event log closed")
+
+// ErrReadOnly is returned by Append on a log opened with OpenEventLogReader.
+var ErrReadOnly = errors.New("event log opened read-only")
 
 // OpenEventLog opens (or creates) the event log of conversation conv,
 // repairing a torn last record. The report tells what was repaired.
@@ -73,6 +79,20 @@ func (s *Store) OpenEventLog(conv string) (*EventLog, RepairReport, error) {
 		return nil, rep, fmt.Errorf("open event log of %s: %w", conv, err)
 	}
 	return l, rep, nil
+}
+
+// OpenEventLogReader opens conv's event log for reading only, as a process
+// that does not own the conversation may: nothing is created, repaired or
+// written, and an incomplete last record is ignored. Appends by the owner
+// after opening are seen by Since (from the file) but do not wake Follow.
+// It returns ErrNotFound when the conversation has no log.
+func (s *Store) OpenEventLogReader(conv string) (*EventLog, error) {
+	l := &EventLog{path: filepath.Join(s.Dir(conv), "events.jsonl"), conv: conv, changed: make(chan struct{}), readOnly: true}
+	if _, err := os.Stat(l.path); errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	l.lastID = math.MaxInt64 // Since always consults the file; LastID means nothing here
+	return l, nil
 }
 
 func (l *EventLog) load() (RepairReport, error) {
@@ -174,6 +194,9 @@ func (l *EventLog) remember(ev contract.Event) {
 func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.readOnly {
+		return contract.Event{}, ErrReadOnly
+	}
 	if l.closed {
 		return contract.Event{}, ErrClosed
 	}
@@ -328,5 +351,8 @@ func (l *EventLog) Close() error {
 	}
 	l.closed = true
 	close(l.changed) // stays closed: readers see the end through Follow
+	if l.f == nil {
+		return nil
+	}
 	return l.f.Close()
 }

@@ -39,6 +39,12 @@ type Meta struct {
 	AcceptedMessages []string `json:"accepted_messages,omitempty"`
 	// Pending are accepted messages whose turn has not started, oldest first.
 	Pending []PendingMessage `json:"pending,omitempty"`
+	// Turn is the message whose turn runs (sent to the CLI, no result yet);
+	// nil when idle. A Turn found on load means its worker died mid-turn.
+	Turn *PendingMessage `json:"turn,omitempty"`
+	// Process describes the live CLI process, so a successor can clean up
+	// after a crash; nil when none runs.
+	Process *ProcessInfo `json:"process,omitempty"`
 	// CLITotalCostUSD is the CLI's cumulative session cost at the last result
 	// line (the CLI's own figure, used to derive per-turn cost).
 	CLITotalCostUSD float64 `json:"cli_total_cost_usd,omitempty"`
@@ -49,6 +55,20 @@ type PendingMessage struct {
 	ClientMessageID string    `json:"client_message_id"`
 	Text            string    `json:"text"`
 	AcceptedAt      time.Time `json:"accepted_at"`
+}
+
+// ProcessInfo identifies a CLI process and its process group.
+type ProcessInfo struct {
+	PID int `json:"pid"`
+	// PGID is the process group of the CLI and every tool it started.
+	PGID int `json:"pgid"`
+	// Holder and Incarnation name the worker process that started it.
+	Holder      string    `json:"holder"`
+	Incarnation string    `json:"incarnation"`
+	StartedAt   time.Time `json:"started_at"`
+	// TmpDir is the process's CLAUDE_CODE_TMPDIR: every process it started
+	// carries it in its environment, which is how leftovers are found.
+	TmpDir string `json:"tmp_dir"`
 }
 
 // MaxAcceptedMessages bounds Meta.AcceptedMessages; a retried send older than

@@ -9,15 +9,21 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/lease"
+	"github.com/talkide/talkide/internal/mcppolicy"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -59,9 +65,32 @@ type Config struct {
 	// CLIExtraEnv are extra CLI environment entries
 	// [TALKIDE_CLI_EXTRA_ENV, "NAME=value,NAME=value"].
 	CLIExtraEnv []string
-	// ShutdownGrace bounds the graceful shutdown. Default 20 s.
+	// ShutdownGrace is how long running turns may go on after SIGTERM
+	// before they are interrupted [TALKIDE_SHUTDOWN_GRACE]. Default 20 s
+	// (keep it below the pod's terminationGracePeriodSeconds).
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// WorkerID names this replica for conversation leases
+	// [TALKIDE_WORKER_ID]. Default: the host name (the pod name).
+	WorkerID string
+	// AdvertiseURL is where other replicas reach this one to forward
+	// requests for conversations it owns [TALKIDE_WORKER_ADVERTISE_URL].
+	// Default: http://<listen address>, or http://$POD_IP:<port> when
+	// listening on all interfaces.
+	AdvertiseURL string
+	// LeaseBackend is "file" (leases on the session volume; the default) or
+	// "kubernetes" (coordination.k8s.io Lease objects in the pod's
+	// namespace) [TALKIDE_LEASE_BACKEND].
+	LeaseBackend string
+	// MaxProcesses caps live CLI processes [TALKIDE_MAX_PROCESSES]. Default 4.
+	MaxProcesses int
+	// MCPPolicy decides which servers of a project's .mcp.json are offered
+	// to the CLI [TALKIDE_MCP_ALLOW_COMMANDS, TALKIDE_MCP_ALLOW_URLS]; the
+	// zero value allows none.
+	MCPPolicy mcppolicy.Policy
+	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
+	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
+	CLITmpDir string
+	Logger    *slog.Logger
 }
 
 // Validate applies defaults and checks c, returning an error that tells the
@@ -101,6 +130,16 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 20 * time.Second
+	}
+	if c.WorkerID == "" {
+		c.WorkerID, _ = os.Hostname()
+	}
+	switch c.LeaseBackend {
+	case "":
+		c.LeaseBackend = "file"
+	case "file", "kubernetes":
+	default:
+		errs = append(errs, fmt.Errorf("TALKIDE_LEASE_BACKEND %q: want file or kubernetes", c.LeaseBackend))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -155,12 +194,36 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	} else {
 		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}}
 	}
+	if ln == nil {
+		ln, err = net.Listen("tcp", c.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", c.Addr, err)
+		}
+	}
 	local := gatewayproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
 	localLn, err := local.Listen()
 	if err != nil {
 		return err
 	}
+	rep, err := newReporting(c, store, log)
+	if err != nil {
+		localLn.Close()
+		return err
+	}
+	identity := lease.Identity{Holder: c.WorkerID, Incarnation: token.NewID(), Address: advertise(c, ln)}
+	leases, err := newLeaseManager(c, identity)
+	if err != nil {
+		localLn.Close()
+		return err
+	}
 	h, err := harness.New(harness.Config{
+		Leases:         leases,
+		Identity:       identity,
+		MaxProcesses:   c.MaxProcesses,
+		ShutdownGrace:  c.ShutdownGrace,
+		TmpRoot:        c.CLITmpDir,
+		MCP:            rep.mcp,
+		OnEvent:        rep.notify,
 		ClaudeBin:      c.ClaudeBin,
 		ConfigDir:      c.ClaudeConfigDir,
 		WorkspaceRoot:  filepath.Join(c.SessionDir, "workspaces"),
@@ -175,31 +238,32 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		localLn.Close()
 		return err
 	}
-	if ln == nil {
-		ln, err = net.Listen("tcp", c.Addr)
-		if err != nil {
-			localLn.Close()
-			return fmt.Errorf("listen %s: %w", c.Addr, err)
-		}
-	}
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
-	srv := httpapi.NewServer(ctx, ln.Addr().String(), api, log)
+	api.identity = identity.Holder
 
-	// Children get their own context so the API keeps answering (readiness
-	// false, status) while the harness winds down.
+	// Shutdown order: readiness turns false; the harness winds down (running
+	// turns finish or are interrupted, leases released) while the API and
+	// the local proxy keep serving (status, events, the CLI's last model
+	// calls); then the API and the local proxy stop.
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
 	hctx, stopHarness := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHarness()
+	srv := httpapi.NewServer(serveCtx, ln.Addr().String(), api, log)
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	wg.Go(func() { errc <- local.Serve(hctx, localLn) })
-	wg.Go(func() { errc <- h.Run(hctx) })
+	harnessDone := make(chan struct{})
+	wg.Go(func() { errc <- local.Serve(serveCtx, localLn) })
+	wg.Go(func() { defer close(harnessDone); errc <- h.Run(hctx) })
+	stopReporting := rep.start(serveCtx, h)
 	if n, err := h.Recover(); err != nil {
 		log.Error("recover conversations", "err", err)
 	} else if n > 0 {
-		log.Info("resumed conversations with waiting messages", "count", n)
+		log.Info("recovered conversations with waiting or interrupted work", "count", n)
 	}
-	log.Info("worker listening", "addr", ln.Addr().String(), "claude_code", claudecli.PinnedVersion)
-	wg.Go(func() { errc <- httpapi.Serve(ctx, srv, ln, c.ShutdownGrace) })
+	log.Info("worker listening", "addr", ln.Addr().String(), "worker_id", identity.Holder, "advertise", identity.Address,
+		"leases", c.LeaseBackend, "claude_code", claudecli.PinnedVersion)
+	wg.Go(func() { errc <- httpapi.Serve(serveCtx, srv, ln, 5*time.Second) })
 
 	var first error
 	select {
@@ -207,7 +271,11 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	case first = <-errc:
 	}
 	api.notReady.Store(true)
+	log.Info("worker stopping")
 	stopHarness()
+	<-harnessDone
+	stopReporting() // after the harness: its last events are reported too
+	stopServing()
 	wg.Wait()
 	close(errc)
 	for err := range errc {
@@ -216,6 +284,49 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		}
 	}
 	return first
+}
+
+// advertise returns the URL other replicas use to reach this one.
+func advertise(c Config, ln net.Listener) string {
+	if c.AdvertiseURL != "" {
+		return strings.TrimRight(c.AdvertiseURL, "/")
+	}
+	host, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = os.Getenv("POD_IP")
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// newLeaseManager returns the conversation lease backend of c.
+func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
+	cfg := lease.Config{Identity: id}
+	if c.LeaseBackend == "kubernetes" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes leases: %w", err)
+		}
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes leases: %w", err)
+		}
+		ns := os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+			if err != nil {
+				return nil, fmt.Errorf("kubernetes leases: set POD_NAMESPACE: %w", err)
+			}
+			ns = strings.TrimSpace(string(b))
+		}
+		return lease.NewKubeManager(cs, ns, cfg)
+	}
+	return lease.NewFileManager(filepath.Join(c.SessionDir, "talkide", "leases"), cfg)
 }
 
 // ParseExtraEnv splits "NAME=value,NAME=value".

@@ -1,10 +1,14 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -12,6 +16,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
@@ -29,12 +34,15 @@ type Server struct {
 	handler   http.Handler // mux with JSON 404/405 answers
 	// notReady turns /readyz false (shutdown begun).
 	notReady atomic.Bool
+	// identity names this replica in forwarded requests.
+	identity string
 }
 
 // NewServer returns the worker API over h. Requests must carry a request
 // token of purpose worker-request for (tenant, env), signed with one of keys.
 func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *slog.Logger) *Server {
 	s := &Server{
+		identity:  tenant + "/" + env,
 		h:         h,
 		verifier:  token.NewVerifier(token.PurposeWorkerRequest, keys...).ForSubject(tenant, env),
 		replay:    token.NewReplayCache(),
@@ -80,8 +88,57 @@ func (s *Server) route(pattern string, h httpapi.HandlerFunc) {
 		if err := contract.ValidConversationID(r.PathValue("id")); err != nil {
 			return httpapi.BadRequest("%v", err)
 		}
-		return h(w, r.WithContext(context.WithValue(r.Context(), ctxKeyBody{}, body)))
+		err = h(w, r.WithContext(context.WithValue(r.Context(), ctxKeyBody{}, body)))
+		var noe *harness.NotOwnerError
+		if errors.As(err, &noe) {
+			return s.forward(w, r, body, noe.Owner)
+		}
+		return err
 	}))
+}
+
+// HeaderForwarded marks a request one replica forwarded to the owner of its
+// conversation; a replica never forwards such a request again.
+const HeaderForwarded = "X-Talkide-Forwarded-By"
+
+// forward sends a request for a conversation another replica owns to that
+// replica, unchanged (the request token stays valid: same method, path and
+// body), and streams the answer back. When the owner cannot be reached the
+// client gets 503 and retries; by then the owner's lease may have expired
+// and this replica takes the conversation over.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, owner lease.Record) error {
+	unavailable := func(msg string, cause error) error {
+		return &httpapi.Error{Status: http.StatusServiceUnavailable, Type: contract.ErrTypeUnavailable, Msg: msg, Err: cause,
+			Header: http.Header{"Retry-After": {"1"}}}
+	}
+	if r.Header.Get(HeaderForwarded) != "" {
+		return unavailable("conversation is moving between replicas; retry shortly", errors.New("forwarded request reached a non-owner"))
+	}
+	target, err := url.Parse(owner.Address)
+	if err != nil || owner.Address == "" {
+		return unavailable("conversation owned by a replica without an address; retry shortly", err)
+	}
+	var proxyErr error
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, r.URL.RawPath
+			pr.Out.URL.RawQuery = r.URL.RawQuery
+			pr.Out.Header.Set(HeaderForwarded, s.identity)
+		},
+		FlushInterval: -1, // event streams pass event by event
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			proxyErr = err
+		},
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	rp.ServeHTTP(w, r)
+	if proxyErr != nil && r.Context().Err() == nil {
+		s.log.Warn("forward to the conversation's owner failed", "conversation", r.PathValue("id"), "owner", owner.Holder, "err", proxyErr)
+		return unavailable("the replica owning this conversation is unreachable; retry shortly", proxyErr)
+	}
+	return nil
 }
 
 func (s *Server) authenticate(r *http.Request, body []byte) error {
@@ -116,8 +173,9 @@ func mapErr(err error) error {
 		return httpapi.Errorf(http.StatusRequestEntityTooLarge, contract.ErrTypeTooLarge, "%v", err)
 	case errors.Is(err, harness.ErrUserMismatch):
 		return httpapi.Forbidden("conversation belongs to another user", err)
-	case errors.Is(err, harness.ErrShuttingDown):
-		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "worker shutting down", err)
+	case errors.Is(err, harness.ErrUnavailable):
+		return &httpapi.Error{Status: http.StatusServiceUnavailable, Type: contract.ErrTypeUnavailable,
+			Msg: "conversation temporarily unavailable; retry shortly", Err: err, Header: http.Header{"Retry-After": {"1"}}}
 	}
 	return err
 }
@@ -182,18 +240,29 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	elog, err := s.h.Events(r.PathValue("id"))
-	if err != nil {
-		return mapErr(err)
-	}
-	sw := sse.NewWriter(w)
-	w.WriteHeader(http.StatusOK)
-	if err := sw.Flush(); err != nil {
+	var sw *sse.Writer
+	started := func() error {
+		if sw == nil {
+			sw = sse.NewWriter(w)
+			w.WriteHeader(http.StatusOK)
+			return sw.Flush()
+		}
 		return nil
 	}
-	err = elog.Follow(r.Context(), after, s.heartbeat, func(ev contract.Event) error {
+	err = s.h.Follow(r.Context(), r.PathValue("id"), after, s.heartbeat, func(ev contract.Event) error {
+		if err := started(); err != nil {
+			return err
+		}
 		return sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev)
-	}, func() error { return sw.WriteComment("heartbeat") })
+	}, func() error {
+		if err := started(); err != nil {
+			return err
+		}
+		return sw.WriteComment("heartbeat")
+	}, started)
+	if sw == nil {
+		return mapErr(err) // refused before the stream began
+	}
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, sessionstore.ErrClosed) {
 		s.log.Info("event stream ended", "conversation", r.PathValue("id"), "err", err)
 	}
