@@ -178,3 +178,67 @@ func TestAgentFilesIssuesAndReportsSurviveAnOutage(t *testing.T) {
 		t.Errorf("another user's activity: status %d, want 404", st)
 	}
 }
+
+// TestReportsSurviveAWorkerRestart: reports queued while the reporting
+// endpoints are down survive a restart of the worker in between (the
+// outbox is on the session volume) and arrive exactly once, in order, with
+// the issue the agent filed during the outage.
+func TestReportsSurviveAWorkerRestart(t *testing.T) {
+	outage := &reportingOutage{}
+	p := platformtest.StartRestartable(t, platformtest.Options{Wrap: outage.wrap})
+	conv := p.NewConversation()
+	stream := p.OpenStream(conv, 0)
+
+	outage.down.Store(true)
+	p.Send(conv, "please run `echo before-the-restart`")
+	if end := stream.Until(90*time.Second, platformtest.TurnEnd); end.Type != contract.EventTurnCompleted {
+		t.Fatalf("bash turn ended with %s: %s", end.Type, end.Data)
+	}
+	p.Send(conv, "file an issue: queued across a restart")
+	if end := stream.Until(90*time.Second, platformtest.TurnEnd); end.Type != contract.EventTurnCompleted {
+		t.Fatalf("issue turn ended with %s: %s", end.Type, end.Data)
+	}
+	if r := toolResultOf(t, stream.Events, devupstream.IssueToolName); !strings.Contains(r.Content, "queued") {
+		t.Fatalf("create_issue during the outage: %+v", r)
+	}
+
+	p.RestartWorker()
+	outage.down.Store(false)
+	// A turn after the restart: its reports queue behind the old ones.
+	stream = p.OpenStream(conv, stream.Events[len(stream.Events)-1].ID)
+	p.Send(conv, "please run `echo after-the-restart`")
+	end := stream.Until(90*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
+		t.Fatalf("turn after the restart ended with %s: %s", end.Type, end.Data)
+	}
+	eventually(t, 60*time.Second, func() string {
+		var act contract.ConversationActivity
+		if st := p.Do("GET", "/api/conversations/"+conv+"/activity", nil, &act); st != 200 {
+			return fmt.Sprintf("activity: status %d", st)
+		}
+		if len(act.Activity) == 0 || act.Activity[len(act.Activity)-1].EventID < end.ID {
+			return fmt.Sprintf("activity has %d entries, want events up to %d", len(act.Activity), end.ID)
+		}
+		return ""
+	})
+	var act contract.ConversationActivity
+	p.Do("GET", "/api/conversations/"+conv+"/activity", nil, &act)
+	for i, a := range act.Activity {
+		if a.EventID != int64(i+1) {
+			t.Fatalf("activity entry %d is event %d: every event once, in order, was expected", i, a.EventID)
+		}
+	}
+	if len(act.Turns) != 3 {
+		t.Errorf("turns: %+v", act.Turns)
+	}
+	var list contract.IssueList
+	eventually(t, 30*time.Second, func() string {
+		if st := p.Do("GET", "/api/tenants/demo/envs/dev/issues", nil, &list); st != 200 || len(list.Issues) != 1 {
+			return fmt.Sprintf("issues: %d %+v", st, list)
+		}
+		return ""
+	})
+	if list.Issues[0].Title != "queued across a restart" {
+		t.Errorf("issue: %+v", list.Issues[0])
+	}
+}
