@@ -17,8 +17,8 @@ import (
 
 // stores open a fresh, empty control-plane database per test: the
 // UserBudgetService's conformance suite runs against each.
-var stores = map[string]func(t *testing.T) *controlstore.DB{
-	"sqlite": func(t *testing.T) *controlstore.DB {
+var stores = map[string]func(t testing.TB) *controlstore.DB{
+	"sqlite": func(t testing.TB) *controlstore.DB {
 		db, err := controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "b.db"))
 		if err != nil {
 			t.Fatal(err)
@@ -26,7 +26,7 @@ var stores = map[string]func(t *testing.T) *controlstore.DB{
 		t.Cleanup(func() { db.Close() })
 		return db
 	},
-	"postgres": func(t *testing.T) *controlstore.DB {
+	"postgres": func(t testing.TB) *controlstore.DB {
 		db, err := controlstore.OpenPostgres(t.Context(), pgtest.SchemaURL(t), 70)
 		if err != nil {
 			t.Fatal(err)
