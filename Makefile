@@ -13,7 +13,7 @@ BIN := $(CURDIR)/bin
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
-.PHONY: run test tools build vet fmt-check clean
+.PHONY: run test tools build vet fmt-check clean chaos
 
 ## tools: install the pinned Claude Code CLI into .tools/ (git-ignored)
 tools: $(CLAUDE_STAMP)
@@ -47,3 +47,9 @@ fmt-check:
 
 clean:
 	rm -rf $(BIN) .talkide
+
+## chaos: the worker crash test, longer (KILLS SIGKILLs of the worker; default 200)
+KILLS ?= 200
+chaos: tools
+	set -o pipefail; $(GO) test -count=1 -timeout 120m -run TestChaos ./internal/chaos -chaos.kills=$(KILLS) -v \
+		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'

@@ -1,0 +1,562 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/token"
+)
+
+var (
+	kills = flag.Int("chaos.kills", 20, "SIGKILLs of the worker process to inflict")
+	convs = flag.Int("chaos.conversations", 4, "conversations run at once")
+)
+
+// platform is the control plane and development upstream in-process, and
+// the worker as a supervised OS process.
+type platform struct {
+	t          *testing.T
+	url        string
+	userToken  string
+	sessionDir string
+	tmpDir     string
+	upstream   *devupstream.Server
+
+	workerBin  string
+	workerEnv  []string
+	workerAddr string
+	logFile    *os.File
+
+	mu sync.Mutex
+	// cmd is the current worker process; guarded by mu.
+	cmd *exec.Cmd
+	// exited is closed when cmd has exited; guarded by mu.
+	exited   chan struct{}
+	stopping atomic.Bool
+	done     chan struct{}
+}
+
+func start(t *testing.T) *platform {
+	t.Helper()
+	claude, err := claudecli.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "talkide-worker")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/talkide/talkide/cmd/talkide-worker").CombinedOutput(); err != nil {
+		t.Fatalf("build worker: %v\n%s", err, out)
+	}
+	p := &platform{t: t, userToken: "tk_chaos_" + token.NewID(), sessionDir: filepath.Join(dir, "sessions"),
+		tmpDir: filepath.Join(dir, "cli-tmp"), workerBin: bin, done: make(chan struct{})}
+	log := slog.New(slog.DiscardHandler)
+
+	p.upstream = devupstream.New(devupstream.Config{MaxRecorded: 1 << 20})
+	up := httptest.NewServer(p.upstream)
+	t.Cleanup(up.Close)
+	upURL, _ := url.Parse(up.URL)
+
+	master, _ := token.NewMasterKey("c1")
+	cpLn, _ := net.Listen("tcp", "127.0.0.1:0")
+	wAddr := freeAddr(t)
+	p.url = "http://" + cpLn.Addr().String()
+	dbPath := filepath.Join(dir, "cp.db")
+	cfg := controlplane.Config{DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL,
+		WorkerURLTemplate: "http://" + wAddr, DevUserToken: p.userToken, Logger: log}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), "demo", "dev", 0)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cpDone := make(chan struct{})
+	go func() { defer close(cpDone); controlplane.Run(ctx, cfg, cpLn) }()
+	t.Cleanup(func() { cancel(); <-cpDone })
+
+	p.workerEnv = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"TALKIDE_TENANT=demo", "TALKIDE_ENV=dev", "TALKIDE_WORKER_ADDR=" + wAddr,
+		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, "demo", "dev")),
+		"TALKIDE_GATEWAY_BASE_URL=" + p.url, "TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
+		"TALKIDE_SESSION_DIR=" + p.sessionDir, "TALKIDE_CLAUDE_BIN=" + claude, "TALKIDE_WORKER_ID=chaos-worker",
+		"TALKIDE_CLI_TMP_DIR=" + p.tmpDir, "TALKIDE_SHUTDOWN_GRACE=2s",
+	}
+	p.workerAddr = wAddr
+	p.logFile, _ = os.Create(filepath.Join(dir, "worker.log"))
+	go p.supervise()
+	p.waitReady()
+	return p
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// supervise runs the worker and restarts it whenever it dies, like a pod.
+func (p *platform) supervise() {
+	defer close(p.done)
+	for !p.stopping.Load() {
+		cmd := exec.Command(p.workerBin)
+		cmd.Env = p.workerEnv
+		cmd.Stdout, cmd.Stderr = p.logFile, p.logFile
+		exited := make(chan struct{})
+		if err := cmd.Start(); err != nil {
+			p.t.Errorf("start worker: %v", err)
+			return
+		}
+		p.mu.Lock()
+		p.cmd, p.exited = cmd, exited
+		p.mu.Unlock()
+		cmd.Wait()
+		close(exited)
+	}
+}
+
+// kill SIGKILLs the worker process (not its children: the CLI dies with it
+// through its parent-death signal, tools are left for recovery to find) and
+// waits until it is gone.
+func (p *platform) kill() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+func (p *platform) stop() {
+	p.stopping.Store(true)
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+}
+
+func (p *platform) waitReady() {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(p.url + "/healthz"); err == nil {
+			resp.Body.Close()
+		}
+		p.mu.Lock()
+		ready := p.cmd != nil
+		p.mu.Unlock()
+		if ready {
+			if resp, err := http.Get("http://" + p.workerAddr + "/readyz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					return
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	logs, _ := os.ReadFile(p.logFile.Name())
+	p.t.Fatalf("worker not ready; log:\n%s", logs)
+}
+
+func (p *platform) call(method, path string, in any, out any) (int, error) {
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = strings.NewReader(string(b))
+	}
+	req, _ := http.NewRequest(method, p.url+path, body)
+	req.Header.Set("Authorization", "Bearer "+p.userToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode < 300 {
+		_ = json.Unmarshal(b, out)
+	}
+	return resp.StatusCode, nil
+}
+
+// watcher follows a conversation's browser stream, reconnecting with
+// Last-Event-ID whenever it breaks, and records what it got.
+type watcher struct {
+	conv string
+
+	mu sync.Mutex
+	// ids are the event ids received, in order; evs the events; both
+	// guarded by mu.
+	ids  []int64
+	evs  []contract.Event
+	cond *sync.Cond
+}
+
+func (p *platform) watch(ctx context.Context, conv string) *watcher {
+	w := &watcher{conv: conv}
+	w.cond = sync.NewCond(&w.mu)
+	go func() {
+		for ctx.Err() == nil {
+			w.mu.Lock()
+			last := int64(0)
+			if n := len(w.ids); n > 0 {
+				last = w.ids[n-1]
+			}
+			w.mu.Unlock()
+			req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/conversations/"+conv+"/stream", nil)
+			req.Header.Set("Authorization", "Bearer "+p.userToken)
+			req.Header.Set("Last-Event-ID", fmt.Sprint(last))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			r := sse.NewReader(bufio.NewReader(resp.Body))
+			for {
+				e, err := r.Next()
+				if err != nil {
+					break
+				}
+				var ev contract.Event
+				if json.Unmarshal(e.Data, &ev) != nil {
+					continue
+				}
+				w.mu.Lock()
+				w.ids = append(w.ids, ev.ID)
+				w.evs = append(w.evs, ev)
+				w.cond.Broadcast()
+				w.mu.Unlock()
+			}
+			resp.Body.Close()
+		}
+	}()
+	return w
+}
+
+// turnEnd waits until the stream holds the end (turn_completed or
+// turn_failed) of client message id, and returns it.
+func (w *watcher) turnEnd(id string, timeout time.Duration) (contract.Event, bool) {
+	deadline := time.Now().Add(timeout)
+	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
+	defer timer.Stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		for _, ev := range w.evs {
+			if ev.Type != contract.EventTurnCompleted && ev.Type != contract.EventTurnFailed {
+				continue
+			}
+			var m struct {
+				ClientMessageID string `json:"client_message_id"`
+			}
+			json.Unmarshal(ev.Data, &m)
+			if m.ClientMessageID == id {
+				return ev, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return contract.Event{}, false
+		}
+		w.cond.Wait()
+	}
+}
+
+// send posts a message, retrying the same client message id while the
+// worker is down (the retry is idempotent).
+func (p *platform) send(conv, id, text string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := p.call("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text, "client_message_id": id}, nil)
+		if err == nil && st == http.StatusAccepted {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("send %s: status %d, %v", id, st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestChaos(t *testing.T) {
+	p := start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ids []string
+	watchers := map[string]*watcher{}
+	for range *convs {
+		var c struct{ ID string }
+		if st, err := p.call("POST", "/api/conversations", map[string]string{"tenant": "demo", "env": "dev"}, &c); err != nil || st != 201 {
+			t.Fatalf("create conversation: %d %v", st, err)
+		}
+		ids = append(ids, c.ID)
+		watchers[c.ID] = p.watch(ctx, c.ID)
+	}
+
+	var turns, completed atomic.Int64
+	// firstDone is, per conversation, the command of its first completed
+	// turn: the final turn must still carry it in its history.
+	var firstMu sync.Mutex
+	firstDone := map[string]string{}
+	var killed atomic.Int64
+	stopKilling := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		for killed.Load() < int64(*kills) {
+			select {
+			case <-stopKilling:
+				return
+			// Random moments, some early in a turn (starting the CLI, in
+			// the model call), some late (in a tool, writing events), and
+			// gaps long enough for turns to complete in between.
+			case <-time.After(time.Duration(300+rand.IntN(3000)) * time.Millisecond):
+			}
+			p.kill()
+			killed.Add(1)
+		}
+	}()
+
+	// Each conversation runs turns until the kills are done; a turn cut by
+	// a kill is sent again under a new client message id.
+	var wg sync.WaitGroup
+	for ci, conv := range ids {
+		wg.Go(func() {
+			w := watchers[conv]
+			for k := 0; ; k++ {
+				select {
+				case <-killerDone:
+					return
+				default:
+				}
+				msgID := fmt.Sprintf("m%d", k)
+				text := fmt.Sprintf("please run `echo chaos-%d-%d`", ci, k)
+				if k%3 == 2 {
+					text = fmt.Sprintf("please run `echo chaos-%d-%d; sleep 0.3; echo chaos-%d-%d-done`", ci, k, ci, k)
+				}
+				if err := p.send(conv, msgID, text); err != nil {
+					t.Errorf("%s: %v", conv, err)
+					return
+				}
+				turns.Add(1)
+				ev, ok := w.turnEnd(msgID, 180*time.Second)
+				if !ok {
+					t.Errorf("%s: turn %s never ended (stuck)", conv, msgID)
+					return
+				}
+				if ev.Type == contract.EventTurnCompleted {
+					completed.Add(1)
+					firstMu.Lock()
+					if firstDone[conv] == "" {
+						firstDone[conv] = fmt.Sprintf("chaos-%d-%d", ci, k)
+					}
+					firstMu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stopKilling)
+	<-killerDone
+
+	// Every conversation goes on with its history.
+	resumed := 0
+	for _, conv := range ids {
+		before := len(p.upstream.Requests())
+		if err := p.send(conv, "final", "please run `echo final-check`"); err != nil {
+			t.Fatal(err)
+		}
+		ev, ok := watchers[conv].turnEnd("final", 120*time.Second)
+		if !ok || ev.Type != contract.EventTurnCompleted {
+			t.Errorf("%s: final turn: %s %s", conv, ev.Type, ev.Data)
+			continue
+		}
+		firstMu.Lock()
+		marker := firstDone[conv]
+		firstMu.Unlock()
+		if marker == "" {
+			t.Errorf("%s: no turn completed during the chaos; nothing to check the history with", conv)
+			continue
+		}
+		found := false
+		for _, r := range p.upstream.Requests()[before:] {
+			if strings.Contains(string(r.Body), "final-check") && strings.Contains(string(r.Body), marker) {
+				found = true
+			}
+			if os.Getenv("CHAOS_DEBUG") != "" && strings.Contains(string(r.Body), "final-check") {
+				t.Logf("%s: final request (%d bytes) mentions: %v", conv, len(r.Body), grepAll(string(r.Body), "chaos-"))
+			}
+		}
+		if found {
+			resumed++
+		}
+	}
+	_ = resumed
+
+	// Give the streams a moment to deliver the last events, then compare
+	// each with the worker's durable log: nothing lost, nothing twice.
+	store, err := sessionstore.Open(filepath.Join(p.sessionDir, "talkide"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost, dups, stuck int
+	for _, conv := range ids {
+		w := watchers[conv]
+		logRd, err := store.OpenEventLogReader(conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _ := logRd.Since(0, 1<<30)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			w.mu.Lock()
+			n := len(w.ids)
+			w.mu.Unlock()
+			if n >= len(stored) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		w.mu.Lock()
+		seen := map[int64]int{}
+		for i, id := range w.ids {
+			seen[id]++
+			if seen[id] > 1 {
+				dups++
+			}
+			if i > 0 && id != w.ids[i-1]+1 && seen[id] == 1 {
+				t.Errorf("%s: stream jumped from %d to %d", conv, w.ids[i-1], id)
+			}
+		}
+		w.mu.Unlock()
+		for _, ev := range stored {
+			if seen[ev.ID] == 0 {
+				lost++
+			}
+		}
+		// No turn stuck: every turn_started has its end.
+		open := map[string]bool{}
+		for _, ev := range stored {
+			var m struct {
+				ClientMessageID string `json:"client_message_id"`
+			}
+			json.Unmarshal(ev.Data, &m)
+			switch ev.Type {
+			case contract.EventTurnStarted:
+				open[m.ClientMessageID] = true
+			case contract.EventTurnCompleted, contract.EventTurnFailed:
+				delete(open, m.ClientMessageID)
+			}
+		}
+		stuck += len(open)
+		var st struct {
+			Worker contract.SessionStatus `json:"worker"`
+		}
+		p.call("GET", "/api/conversations/"+conv, nil, &st)
+		if st.Worker.State == contract.StateRunning || st.Worker.QueuedMessages > 0 {
+			stuck++
+		}
+	}
+
+	// Stop the worker cleanly: nothing it or its agents started may remain.
+	cancel()
+	p.stop()
+	orphans := 0
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		orphans = countOrphans(p.tmpDir)
+		if orphans == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	summary := fmt.Sprintf("chaos kills=%d turns=%d lost_events=%d duplicate_events=%d stuck=%d orphans=%d resumed=%d",
+		killed.Load(), turns.Load(), lost, dups, stuck, orphans, resumed)
+	fmt.Println(summary)
+	t.Log(summary)
+	if os.Getenv("CHAOS_DEBUG") != "" {
+		logs, _ := os.ReadFile(p.logFile.Name())
+		os.WriteFile("/tmp/chaos-worker.log", logs, 0o644)
+		exec.Command("sh", "-c", "rm -rf /tmp/chaos-sessions; cp -r "+p.sessionDir+" /tmp/chaos-sessions").Run()
+	}
+	if killed.Load() < int64(*kills) || lost != 0 || dups != 0 || stuck != 0 || orphans != 0 || resumed != len(ids) {
+		logs, _ := os.ReadFile(p.logFile.Name())
+		if len(logs) > 20000 {
+			logs = logs[len(logs)-20000:]
+		}
+		t.Errorf("chaos failed: %s\nworker log tail:\n%s", summary, logs)
+	}
+	if completed.Load() == 0 {
+		t.Error("no turn completed at all")
+	}
+}
+
+// countOrphans counts processes whose environment names a CLI temp dir
+// under root: CLIs and the tools they started.
+func countOrphans(root string) int {
+	marker := []byte("CLAUDE_CODE_TMPDIR=" + root + "/")
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if len(env) > 0 && strings.Contains(string(env), string(marker)) {
+			stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && !strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func grepAll(s, prefix string) []string {
+	var out []string
+	for {
+		i := strings.Index(s, prefix)
+		if i < 0 {
+			return out
+		}
+		j := i + len(prefix)
+		for j < len(s) && (s[j] == '-' || (s[j] >= '0' && s[j] <= '9')) {
+			j++
+		}
+		out = append(out, s[i:j])
+		s = s[j:]
+	}
+}
