@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -425,26 +426,58 @@ func (s *Service) commit(ops []*op) {
 		return
 	}
 	s.cfg.Metrics.observeBatch(len(live))
+	reserved := false
 	if err := s.tx(live); err == nil || len(live) == 1 {
 		for _, o := range live {
 			o.done <- err
+			reserved = reserved || err == nil && o.reserve != nil
 		}
+	} else {
+		for _, o := range live {
+			err := s.tx([]*op{o})
+			o.done <- err
+			reserved = reserved || err == nil && o.reserve != nil
+		}
+	}
+	if reserved && s.db.Dialect == controlstore.SQLite {
+		s.syncWAL()
+	}
+}
+
+// syncWAL fsyncs the SQLite write-ahead log, making every commit so far
+// survive a power cut (see tx). A failure is logged: the commits are still
+// in the operating system, and SQLite syncs the log at its next checkpoint.
+func (s *Service) syncWAL() {
+	if s.db.Path == "" {
 		return
 	}
-	for _, o := range live {
-		o.done <- s.tx([]*op{o})
+	f, err := os.OpenFile(s.db.Path+"-wal", os.O_RDWR, 0)
+	if err == nil {
+		err = datasync(f)
+		f.Close()
+	}
+	if err != nil {
+		s.log.Error("sync budget write-ahead log", "err", err)
 	}
 }
 
 // tx runs ops in one transaction on the writer's connection.
 //
-// Durability: a batch holding a reservation is committed durably (SQLite
-// synchronous=FULL; PostgreSQL synchronous_commit on) before any caller is
-// told, since a forwarded call must have its reservation on disk. A batch of
-// settlements and expiries only is committed without waiting for the disk
-// flush: if a crash loses it, the reservations it settled are still open and
-// are charged in full when they expire, so a debit is overstated, never lost.
-// A later durable commit flushes it anyway.
+// Durability. A forwarded call must have its reservation on disk, and a
+// debit must never be lost:
+//   - PostgreSQL: a batch holding a reservation commits durably
+//     (synchronous_commit on); a batch of settlements and expiries only
+//     commits without waiting for the WAL flush.
+//   - SQLite (WAL, synchronous=NORMAL on the writer's connection): every
+//     commit is in the operating system when COMMIT returns, so it survives
+//     a crash of the process at once; after a batch holding a reservation the
+//     writer fsyncs the WAL itself (see syncWAL) before it takes the next
+//     batch, so a power cut can only lose reservations admitted during that
+//     one fsync, not the next seconds of them. Callers are answered before
+//     that fsync: the call's forwarding overlaps it.
+//
+// A lost settlement (a crash before its flush) leaves the reservation open;
+// it is charged in full when it expires: a debit overstated, never lost.
 func (s *Service) tx(ops []*op) error {
 	ctx := context.Background() // the batch is not any one caller's
 	durable := false
@@ -517,8 +550,9 @@ type writerConn struct {
 	conn    *sql.Conn
 	dialect controlstore.Dialect
 	stmts   map[string]*sql.Stmt
-	// durable is the durability of the connection's current setting.
-	durable *bool
+	// syncSet is true once the SQLite connection runs with
+	// synchronous=NORMAL.
+	syncSet bool
 }
 
 func (s *Service) writerConn(ctx context.Context) (*writerConn, error) {
@@ -534,17 +568,11 @@ func (s *Service) writerConn(ctx context.Context) (*writerConn, error) {
 }
 
 func (w *writerConn) begin(ctx context.Context, durable bool) error {
-	if w.durable == nil || *w.durable != durable {
-		if w.dialect == controlstore.SQLite {
-			mode := "NORMAL"
-			if durable {
-				mode = "FULL"
-			}
-			if _, err := w.conn.ExecContext(ctx, "PRAGMA synchronous = "+mode); err != nil {
-				return err
-			}
+	if w.dialect == controlstore.SQLite && !w.syncSet {
+		if _, err := w.conn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
+			return err
 		}
-		w.durable = &durable
+		w.syncSet = true
 	}
 	begin := "BEGIN"
 	if w.dialect == controlstore.SQLite {

@@ -38,6 +38,8 @@ const (
 type DB struct {
 	SQL     *sql.DB
 	Dialect Dialect
+	// Path is the SQLite database file ("" on PostgreSQL).
+	Path string
 }
 
 // ErrNotFound is returned when a record does not exist.
@@ -53,7 +55,12 @@ func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	return migrate(ctx, db, SQLite)
+	d, err := migrate(ctx, db, SQLite)
+	if err != nil {
+		return nil, err
+	}
+	d.Path = path
+	return d, nil
 }
 
 // Open opens an already-connected database of dialect d and migrates it.
