@@ -53,3 +53,9 @@ KILLS ?= 200
 chaos: tools
 	set -o pipefail; $(GO) test -count=1 -timeout 120m -run TestChaos ./internal/chaos -chaos.kills=$(KILLS) -v \
 		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'
+
+## bench-gateway: what the gateway-proxy adds in latency and throughput, direct vs
+## through it, on SQLite and PostgreSQL (README "Benchmark"); BENCH_FLAGS=-h lists options
+.PHONY: bench-gateway
+bench-gateway:
+	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
