@@ -70,6 +70,8 @@ type answer struct {
 type recordingUpstream struct {
 	next  http.Handler
 	extra http.Header
+	// noRecord skips keeping answer bodies.
+	noRecord bool
 
 	arrivals atomic.Int32
 	// hold, when set, is waited on (or the request's end) before a request
@@ -92,7 +94,7 @@ func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for k, vs := range u.extra {
 		w.Header()[k] = vs
 	}
-	tw := &teeWriter{ResponseWriter: w}
+	tw := &teeWriter{ResponseWriter: w, discard: u.noRecord}
 	defer func() { // also runs when the upstream aborts the connection (panic)
 		u.mu.Lock()
 		defer u.mu.Unlock()
@@ -109,9 +111,10 @@ func (u *recordingUpstream) answered() []answer {
 
 type teeWriter struct {
 	http.ResponseWriter
-	status int
-	header http.Header
-	buf    bytes.Buffer
+	status  int
+	header  http.Header
+	buf     bytes.Buffer
+	discard bool
 }
 
 func (w *teeWriter) WriteHeader(code int) {
@@ -126,7 +129,9 @@ func (w *teeWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	w.buf.Write(p)
+	if !w.discard {
+		w.buf.Write(p)
+	}
 	return w.ResponseWriter.Write(p)
 }
 
@@ -157,6 +162,8 @@ type fixtureOptions struct {
 	// upstream, when set, replaces the development upstream.
 	upstream http.Handler
 	metrics  *gateway.Metrics
+	// noRecord keeps the upstream's answers out of memory (big streams).
+	noRecord bool
 }
 
 func newFixture(t testing.TB) *fixture { return newFixtureWith(t, fixtureOptions{}) }
@@ -183,7 +190,7 @@ func newFixtureWith(t testing.TB, o fixtureOptions) *fixture {
 	if o.upstream != nil {
 		next = o.upstream
 	}
-	rec := &recordingUpstream{next: next, extra: http.Header{
+	rec := &recordingUpstream{next: next, noRecord: o.noRecord, extra: http.Header{
 		"Anthropic-Ratelimit-Requests-Limit":     {"50"},
 		"Anthropic-Ratelimit-Requests-Remaining": {"49"},
 		"Anthropic-Ratelimit-Tokens-Reset":       {"2026-11-30T12:00:00Z"},
