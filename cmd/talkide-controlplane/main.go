@@ -25,6 +25,7 @@ import (
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -39,6 +40,11 @@ func main() {
 }
 
 func run(ctx context.Context, args []string) error {
+	// Non-dumpable: no other process of this user (an agent on the same
+	// machine) can read the master key or API key through /proc.
+	if err := sandbox.Harden(); err != nil {
+		return err
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	if len(args) > 0 {
 		switch args[0] {

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
 )
@@ -29,6 +30,11 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	// Non-dumpable: the agents this worker runs cannot read its environment
+	// (identity token, request keys) through /proc.
+	if err := sandbox.Harden(); err != nil {
+		return err
+	}
 	cfg, err := configFromEnv()
 	if err != nil {
 		return err
@@ -51,6 +57,7 @@ func configFromEnv() (worker.Config, error) {
 		AdvertiseURL:    os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
 		LeaseBackend:    os.Getenv("TALKIDE_LEASE_BACKEND"),
 		CLITmpDir:       os.Getenv("TALKIDE_CLI_TMP_DIR"),
+		AgentUser:       os.Getenv("TALKIDE_AGENT_USER"),
 		CLIExtraEnv:     worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
 		Logger:          slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}

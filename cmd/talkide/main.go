@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/talkide/talkide/internal/localrun"
+	"github.com/talkide/talkide/internal/sandbox"
 )
 
 func main() {
@@ -32,6 +33,9 @@ func main() {
 func run(ctx context.Context, args []string) error {
 	if len(args) != 1 || args[0] != "run" {
 		return fmt.Errorf("usage: talkide run")
+	}
+	if err := sandbox.Harden(); err != nil {
+		return err
 	}
 	var workerEnv []string
 	for _, name := range []string{"TALKIDE_MODEL", "TALKIDE_PERMISSION_MODE", "TALKIDE_IDLE_TIMEOUT", "TALKIDE_CLI_EXTRA_ENV", "TALKIDE_CLAUDE_BIN"} {

@@ -29,6 +29,7 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
@@ -69,7 +70,7 @@ func start(t *testing.T) *platform {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dir := platformtest.AgentReachableTempDir(t)
 	bin := filepath.Join(dir, "talkide-worker")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/talkide/talkide/cmd/talkide-worker").CombinedOutput(); err != nil {
 		t.Fatalf("build worker: %v\n%s", err, out)

@@ -16,6 +16,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/lease"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 )
 
@@ -76,6 +77,12 @@ type Config struct {
 	// ShutdownGrace is how long running turns may go on after shutdown
 	// begins before they are interrupted. Default 20 s.
 	ShutdownGrace time.Duration
+	// AgentUser, when set, is the account CLI processes (and so every
+	// command the agent runs) run as, instead of the worker's own: a worker
+	// running as root must not hand root to the agent. The harness gives the
+	// agent its directories (ConfigDir, HomeDir, each conversation's working
+	// and tmp directory) and nothing else.
+	AgentUser *sandbox.User
 	// RecoverInterval is how often the harness looks for conversations with
 	// waiting work that no live replica owns (handed over by a replica that
 	// shut down or died). Default 5 s.
@@ -192,6 +199,18 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	}
 	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session)}
 	h.slots.max = cfg.MaxProcesses
+	if u := cfg.AgentUser; u != nil {
+		for _, d := range []string{cfg.ConfigDir, cfg.HomeDir, cfg.WorkspaceRoot, cfg.TmpRoot} {
+			if err := u.PrepareDir(filepath.Dir(d), d); err != nil {
+				return nil, fmt.Errorf("prepare agent directories: %w", err)
+			}
+		}
+		for _, d := range []string{cfg.ConfigDir, cfg.HomeDir} {
+			if err := sandbox.ChownTree(d, *u); err != nil {
+				return nil, fmt.Errorf("prepare agent directories: %w", err)
+			}
+		}
+	}
 	return h, nil
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/streamjson"
 )
@@ -179,6 +180,14 @@ func (s *session) startLocked() (*process, error) {
 	if err := os.MkdirAll(s.meta.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create working directory: %w", err)
 	}
+	if u := cfg.AgentUser; u != nil {
+		if err := u.PrepareDir(cfg.TmpRoot, tmp); err != nil {
+			return nil, err
+		}
+		if err := sandbox.ChownTree(s.meta.WorkDir, *u); err != nil {
+			return nil, fmt.Errorf("give the working directory to the agent user: %w", err)
+		}
+	}
 	secret := gatewayproxy.NewPlaceholderSecret()
 	base := s.h.proxy.BaseURL(s.conv)
 	if base == "" {
@@ -207,6 +216,9 @@ func (s *session) startLocked() (*process, error) {
 	// Own process group, so the CLI and every tool it spawns are signalled
 	// together; Pdeathsig kills the CLI if the worker dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if u := cfg.AgentUser; u != nil {
+		cmd.SysProcAttr.Credential = u.Credential()
+	}
 	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}
 	cmd.Stderr = p
 	stdin, err := cmd.StdinPipe()

@@ -97,8 +97,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.setDefaults(); err != nil {
 		return err
 	}
-	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "logs")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+	// The state dir is searchable but not listable by others: the agents
+	// (run as an unprivileged user when this runs as root) must reach their
+	// session directories under it, and nothing else. Secrets in it are 0600.
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "logs"), 0o700); err != nil {
+		return err
+	}
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "sessions")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return err
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
 			return err
 		}
 	}
@@ -113,6 +122,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	dbPath := filepath.Join(cfg.StateDir, "controlplane.db")
+	// SQLite creates its file 0644 (and its -wal and -shm files with the same
+	// mode): create it 0600 first.
+	if f, err := os.OpenFile(dbPath, os.O_CREATE|os.O_RDONLY, 0o600); err == nil {
+		f.Close()
+		_ = os.Chmod(dbPath, 0o600)
+	}
 	identity, err := issueIdentity(ctx, dbPath, master, cfg.Tenant, cfg.Env)
 	if err != nil {
 		return err
@@ -157,6 +172,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"TALKIDE_GATEWAY_BASE_URL=" + cpURL,
 		"TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
 		"TALKIDE_SESSION_DIR=" + filepath.Join(cfg.StateDir, "sessions", cfg.Tenant+"-"+cfg.Env),
+		"TALKIDE_CLI_TMP_DIR=" + filepath.Join(cfg.StateDir, "cli-tmp"),
 	}, cfg.WorkerEnv...)})
 	for _, p := range procs {
 		if _, err := os.Stat(p.bin); err != nil {

@@ -12,12 +12,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/platformtest"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
@@ -57,7 +59,7 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := t.TempDir()
+	state := platformtest.AgentReachableTempDir(t)
 	out := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -154,6 +156,25 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	}
 	resp.Body.Close()
 
+	// The agent tries to read the platform's secrets: every process's
+	// environment, and the master key in the state dir.
+	probe := "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done | grep -E '^(TALKIDE_MASTER_KEYS|TALKIDE_WORKER_IDENTITY_TOKEN|TALKIDE_WORKER_REQUEST_KEYS|TALKIDE_DEV_USER_TOKEN)=' | wc -l; cat " + filepath.Join(state, "master.key") + "; cat " + filepath.Join(state, "dev-user-token") + "; echo probe-done"
+	body, _ := json.Marshal(map[string]string{"text": "please run `" + probe + "`"})
+	if st, b := call("POST", "/api/conversations/"+conv.ID+"/messages", string(body)); st != 202 {
+		t.Fatalf("send probe: %d %s", st, b)
+	}
+	result := waitToolResult(t, base, tok, conv.ID, "probe-done")
+	master, _ := os.ReadFile(filepath.Join(state, "master.key"))
+	userTok, _ := os.ReadFile(filepath.Join(state, "dev-user-token"))
+	if !slices.Contains(strings.Split(result, "\n"), "0") {
+		t.Errorf("the agent read secrets from process environments: %q", result)
+	}
+	for _, secret := range []string{strings.TrimSpace(string(master)), strings.TrimSpace(string(userTok))} {
+		if secret != "" && strings.Contains(result, secret) {
+			t.Errorf("the agent read a secret file of the state dir")
+		}
+	}
+
 	stop()
 	// Nothing of the platform may outlive it: no binary of bin/ and no CLI
 	// started for its session volume.
@@ -197,4 +218,37 @@ func processesMentioning(paths ...string) []string {
 		}
 	}
 	return out
+}
+
+// waitToolResult reads the conversation's stream from the start until a
+// tool_result containing marker, and returns its content.
+func waitToolResult(t *testing.T, base, tok, conv, marker string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/conversations/"+conv+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || !strings.Contains(data, `"type":"tool_result"`) {
+			continue
+		}
+		var ev struct {
+			Data struct {
+				Content string `json:"content"`
+			} `json:"data"`
+		}
+		if json.Unmarshal([]byte(data), &ev) == nil && strings.Contains(ev.Data.Content, marker) {
+			return ev.Data.Content
+		}
+	}
+	t.Fatalf("no tool result with %q", marker)
+	return ""
 }

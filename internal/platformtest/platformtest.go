@@ -84,7 +84,7 @@ func ClaudeBin(t testing.TB) string {
 func Start(t testing.TB, opts Options) *Platform {
 	t.Helper()
 	bin := ClaudeBin(t)
-	dir := t.TempDir()
+	dir := AgentReachableTempDir(t)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	master, err := token.NewMasterKey("t1")
 	if err != nil {
@@ -379,4 +379,18 @@ func (p *Platform) CreateConversationInDB(id, model string) {
 	if err := db.CreateConversation(context.Background(), controlstore.Conversation{ID: id, Tenant: p.Tenant, Env: p.Env, UserID: "dev", Model: model, CreatedAt: time.Now()}); err != nil {
 		p.T.Fatal(err)
 	}
+}
+
+// AgentReachableTempDir returns a test temp dir that an agent running as
+// another (unprivileged) user can traverse, as a worker running as root
+// requires: the test's temp dirs are 0700 otherwise.
+func AgentReachableTempDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

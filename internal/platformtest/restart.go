@@ -34,7 +34,7 @@ type Restartable struct {
 func StartRestartable(t testing.TB, opts Options) *Restartable {
 	t.Helper()
 	bin := ClaudeBin(t)
-	dir := t.TempDir()
+	dir := AgentReachableTempDir(t)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	master, err := token.NewMasterKey("t1")
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/mcppolicy"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -87,6 +88,12 @@ type Config struct {
 	// to the CLI [TALKIDE_MCP_ALLOW_COMMANDS, TALKIDE_MCP_ALLOW_URLS]; the
 	// zero value allows none.
 	MCPPolicy mcppolicy.Policy
+	// AgentUser is the account the agent (the CLI and every command it
+	// runs) runs as [TALKIDE_AGENT_USER: "uid:gid", a user name, or "self"
+	// for the worker's own]. Default: nobody (65534) when the worker runs as
+	// root, else the worker's own user. The worker is non-dumpable, so an
+	// agent of the same user cannot read its environment either.
+	AgentUser string
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
@@ -216,7 +223,24 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		localLn.Close()
 		return err
 	}
+	var agent *sandbox.User
+	switch {
+	case c.AgentUser == "self":
+	case c.AgentUser != "":
+		u, err := sandbox.ParseUser(c.AgentUser)
+		if err != nil {
+			localLn.Close()
+			return err
+		}
+		agent = &u
+	case os.Geteuid() == 0:
+		agent = &sandbox.Nobody
+	}
+	if agent != nil {
+		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
+	}
 	h, err := harness.New(harness.Config{
+		AgentUser:      agent,
 		Leases:         leases,
 		Identity:       identity,
 		MaxProcesses:   c.MaxProcesses,

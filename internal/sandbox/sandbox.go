@@ -1,0 +1,142 @@
+// Package sandbox keeps the agent away from the platform's secrets on the
+// machine it runs on. The agent (the Claude Code CLI and every command it
+// runs) executes whatever a conversation asks for, so it must not be able
+// to read the worker's identity token or request keys, the control plane's
+// master key, or the API key:
+//
+//   - Harden makes the calling process non-dumpable, so other processes of
+//     the same user cannot read its /proc/<pid>/environ or memory (only a
+//     process with CAP_SYS_PTRACE could).
+//   - User is an unprivileged account the worker runs agents as when it
+//     itself runs as root (root's agents could read everything). The
+//     worker prepares the directories an agent needs (PrepareDir) and
+//     starts the CLI with the user's credentials (Credential).
+//
+// It does not confine the agent's network or file system beyond Unix
+// permissions; run workers in their own pods (one per tenant-env) for that.
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Harden makes the calling process non-dumpable (prctl PR_SET_DUMPABLE 0):
+// no core dumps, and its /proc entries (environ, mem, fds) are closed to
+// every process without CAP_SYS_PTRACE, the agent included.
+func Harden() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make process non-dumpable: %w", err)
+	}
+	return nil
+}
+
+// User is the account agents run as.
+type User struct {
+	UID, GID uint32
+}
+
+// Nobody is the default agent account of a worker running as root.
+var Nobody = User{UID: 65534, GID: 65534}
+
+// ParseUser reads "uid:gid", "uid" (gid = uid) or a user name from the
+// password database.
+func ParseUser(s string) (User, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return User{}, errors.New("parse agent user: empty")
+	}
+	if u, g, ok := strings.Cut(s, ":"); ok {
+		uid, err1 := strconv.ParseUint(u, 10, 32)
+		gid, err2 := strconv.ParseUint(g, 10, 32)
+		if err1 != nil || err2 != nil {
+			return User{}, fmt.Errorf("parse agent user %q: want uid:gid", s)
+		}
+		return User{UID: uint32(uid), GID: uint32(gid)}, nil
+	}
+	if uid, err := strconv.ParseUint(s, 10, 32); err == nil {
+		return User{UID: uint32(uid), GID: uint32(uid)}, nil
+	}
+	pw, err := user.Lookup(s)
+	if err != nil {
+		return User{}, fmt.Errorf("parse agent user %q: %w", s, err)
+	}
+	uid, _ := strconv.ParseUint(pw.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(pw.Gid, 10, 32)
+	return User{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+// Credential is the process credential of the agent: its uid and gid and no
+// supplementary groups.
+func (u User) Credential() *syscall.Credential {
+	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
+}
+
+// PrepareDir creates dir (0700) owned by the agent user, and makes sure the
+// agent can traverse every directory from top down to dir (adding the
+// search bit for others, never read: the agent cannot list what it passes
+// through). top is the highest directory that may be changed; above it,
+// directories must already be traversable, else an error tells the
+// operator which one is not.
+func (u User) PrepareDir(top, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
+		return fmt.Errorf("give %s to the agent user: %w", dir, err)
+	}
+	top, _ = filepath.Abs(top)
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		if err := u.traversable(p, strings.HasPrefix(p+"/", top+"/")); err != nil {
+			return err
+		}
+		if p == "/" || p == "." {
+			return nil
+		}
+	}
+}
+
+func (u User) traversable(dir string, mayChange bool) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	sys := st.Sys().(*syscall.Stat_t)
+	mode := st.Mode().Perm()
+	switch {
+	case sys.Uid == u.UID && mode&0o100 != 0,
+		sys.Gid == u.GID && mode&0o010 != 0,
+		mode&0o001 != 0:
+		return nil
+	case mayChange:
+		return os.Chmod(dir, mode|0o001)
+	}
+	return fmt.Errorf("agent user %d cannot traverse %s (mode %v): make it searchable for others (chmod o+x) or run the worker as a non-root user", u.UID, dir, mode)
+}
+
+// ChownTree gives dir and everything under it to u, unless dir already
+// belongs to u (then it is left alone: the agent created its contents).
+// Symbolic links are changed themselves, never followed.
+func ChownTree(dir string, u User) error {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if s := st.Sys().(*syscall.Stat_t); s.Uid == u.UID && s.Gid == u.GID {
+		return nil
+	}
+	return filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(u.UID), int(u.GID))
+	})
+}
