@@ -84,7 +84,7 @@ func run() error {
 	flag.IntVar(&o.bodyBytes, "body", 16<<10, "request body size in bytes (a Claude Code call with tools is tens of KB)")
 	flag.IntVar(&o.users, "users", 5000, "distinct users the calls are spread over")
 	flag.DurationVar(&o.ttfb, "ttfb", 20*time.Millisecond, "the stand-in's model time before its answer starts (0: none, the most adversarial upstream)")
-	flag.DurationVar(&o.gap, "gap", time.Millisecond, "the stand-in's time between two SSE events of a streamed answer")
+	flag.DurationVar(&o.gap, "gap", 0, "the stand-in's time between two SSE events of a streamed answer")
 	flag.StringVar(&o.pgURL, "pg", envOr("TALKIDE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server URL")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -124,8 +124,9 @@ func run() error {
 	fmt.Printf("# bench-gateway: %d CPUs (GOMAXPROCS %d), %s, %s/%s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel(), runtime.GOOS, runtime.GOARCH)
 	fmt.Printf("# per run: %s measured after %s warm-up; body %d bytes; %d users; upstream stand-in: %s before the answer, %s between SSE events\n",
 		o.duration, o.warmup, o.bodyBytes, o.users, o.ttfb, o.gap)
-	fmt.Printf("%-8s %-6s %-3s  %-9s %9s %9s %9s   %9s %9s %9s   %8s %8s %6s\n",
-		"store", "stream", "c", "", "p50_ms", "p99_ms", "rps", "gw_p50", "gw_p99", "gw_rps", "add_p50", "add_p99", "ratio")
+	fmt.Printf("# direct: client → stand-in; gw: client → gateway-proxy → stand-in; add: gw - direct; pre: the gateway's own work before forwarding (x-talkide-gateway-overhead-ms)\n")
+	fmt.Printf("%-8s %-6s %-3s %9s %9s %9s   %9s %9s %9s   %8s %8s %6s   %8s %8s\n",
+		"store", "stream", "c", "p50_ms", "p99_ms", "rps", "gw_p50", "gw_p99", "gw_rps", "add_p50", "add_p99", "ratio", "pre_p50", "pre_p99")
 
 	var summary []string
 	for _, store := range o.stores {
@@ -145,8 +146,8 @@ func run() error {
 				}
 				addP50, addP99 := via.p50-direct.p50, via.p99-direct.p99
 				ratio := via.rps / direct.rps
-				fmt.Printf("%-8s %-6v %-3d  %-9s %9.3f %9.3f %9.0f   %9.3f %9.3f %9.0f   %8.3f %8.3f %6.2f\n",
-					store, stream, c, "", ms(direct.p50), ms(direct.p99), direct.rps, ms(via.p50), ms(via.p99), via.rps, ms(addP50), ms(addP99), ratio)
+				fmt.Printf("%-8s %-6v %-3d %9.3f %9.3f %9.0f   %9.3f %9.3f %9.0f   %8.3f %8.3f %6.2f   %8.3f %8.3f\n",
+					store, stream, c, ms(direct.p50), ms(direct.p99), direct.rps, ms(via.p50), ms(via.p99), via.rps, ms(addP50), ms(addP99), ratio, ms(via.pre50), ms(via.pre99))
 				summary = append(summary, fmt.Sprintf("bench c=%d stream=%v store=%s added_p50_ms=%.2f added_p99_ms=%.2f rps_ratio=%.2f",
 					c, stream, store, ms(addP50), ms(addP99), ratio))
 			}
@@ -378,7 +379,10 @@ func labels[L interface{ GetValue() string }](ls []L) string {
 
 type result struct {
 	p50, p99 time.Duration
-	rps      float64
+	// pre50 and pre99 are the gateway's own x-talkide-gateway-overhead-ms
+	// (its work before forwarding), when it answered.
+	pre50, pre99 time.Duration
+	rps          float64
 	errors   int64
 	firstErr error
 }
@@ -399,6 +403,7 @@ func load(target string, tokens []string, body []byte, c int, o options) result 
 		wg       sync.WaitGroup
 		mu       sync.Mutex
 		all      []time.Duration
+		pres     []time.Duration
 	)
 	buf := make([][]byte, c)
 	for i := range c {
@@ -406,7 +411,7 @@ func load(target string, tokens []string, body []byte, c int, o options) result 
 	}
 	for i := range c {
 		wg.Go(func() {
-			var mine []time.Duration
+			var mine, minePre []time.Duration
 			for !stop.Load() {
 				n := seq.Add(1)
 				req, _ := http.NewRequest(http.MethodPost, target, bytes.NewReader(body))
@@ -441,10 +446,14 @@ func load(target string, tokens []string, body []byte, c int, o options) result 
 				}
 				if measure.Load() {
 					mine = append(mine, d)
+					if v, err := strconv.ParseFloat(resp.Header.Get(gateway.HeaderOverhead), 64); err == nil {
+						minePre = append(minePre, time.Duration(v*float64(time.Millisecond)))
+					}
 				}
 			}
 			mu.Lock()
 			all = append(all, mine...)
+			pres = append(pres, minePre...)
 			mu.Unlock()
 		})
 	}
@@ -467,6 +476,10 @@ func load(target string, tokens []string, body []byte, c int, o options) result 
 	}
 	r.p50 = all[len(all)*50/100]
 	r.p99 = all[min(len(all)*99/100, len(all)-1)]
+	if len(pres) > 0 {
+		slices.Sort(pres)
+		r.pre50, r.pre99 = pres[len(pres)*50/100], pres[min(len(pres)*99/100, len(pres)-1)]
+	}
 	r.rps = float64(len(all)) / elapsed.Seconds()
 	return r
 }
