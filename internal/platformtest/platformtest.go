@@ -67,6 +67,17 @@ type Platform struct {
 	SessionDir string
 	// DBPath is the control plane's SQLite database.
 	DBPath string
+
+	cpCfg  controlplane.Config
+	wrap   func(http.Handler) http.Handler
+	wCfg   worker.Config
+	cpAddr string
+	wAddr  string
+
+	mu sync.Mutex
+	// stopWorker and stopControlPlane stop the running parts and wait for
+	// them (as SIGTERM would); guarded by mu.
+	stopWorker, stopControlPlane func()
 }
 
 // ClaudeBin returns the pinned CLI or fails the test with how to install it.
@@ -80,7 +91,8 @@ func ClaudeBin(t testing.TB) string {
 }
 
 // Start starts the platform for tenant demo, env dev, and stops it at the
-// end of the test.
+// end of the test. The worker and the control plane can be restarted
+// (RestartWorker, RestartControlPlane) on the same addresses and state.
 func Start(t testing.TB, opts Options) *Platform {
 	t.Helper()
 	bin := ClaudeBin(t)
@@ -90,7 +102,8 @@ func Start(t testing.TB, opts Options) *Platform {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Platform{T: t, Master: master, UserToken: "tk_test_" + token.NewID(), Tenant: "demo", Env: "dev", SessionDir: filepath.Join(dir, "sessions")}
+	p := &Platform{T: t, Master: master, UserToken: "tk_test_" + token.NewID(), Tenant: "demo", Env: "dev",
+		SessionDir: filepath.Join(dir, "sessions"), DBPath: filepath.Join(dir, "cp.db"), wrap: opts.Wrap}
 
 	p.Upstream = devupstream.New(devupstream.Config{APIKey: UpstreamAPIKey, Logger: log.With("component", "devupstream")})
 	up := httptest.NewServer(p.Upstream)
@@ -105,54 +118,114 @@ func Start(t testing.TB, opts Options) *Platform {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.URL = "http://" + cpLn.Addr().String()
-	p.WorkerURL = "http://" + wLn.Addr().String()
+	p.cpAddr, p.wAddr = cpLn.Addr().String(), wLn.Addr().String()
+	p.URL = "http://" + p.cpAddr
+	p.WorkerURL = "http://" + p.wAddr
+	t.Cleanup(func() {
+		p.mu.Lock()
+		stops := []func(){p.stopWorker, p.stopControlPlane}
+		p.mu.Unlock()
+		for _, stop := range stops {
+			if stop != nil {
+				stop()
+			}
+		}
+	})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-
-	dbPath := filepath.Join(dir, "cp.db")
-	p.DBPath = dbPath
-	cpCfg := controlplane.Config{
-		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: UpstreamAPIKey,
+	p.cpCfg = controlplane.Config{
+		DBPath: p.DBPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: UpstreamAPIKey,
 		WorkerURLTemplate: p.WorkerURL, DevUserToken: p.UserToken, Logger: log.With("component", "controlplane"),
 	}
-	if err := cpCfg.Validate(); err != nil {
+	if err := p.cpCfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := controlstore.OpenSQLite(ctx, dbPath)
+	db, err := controlstore.OpenSQLite(context.Background(), p.DBPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	identity, err := mint.New(db, master, log).IssueIdentity(ctx, p.Tenant, p.Env, 0)
+	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), p.Tenant, p.Env, 0)
 	db.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Go(func() {
-		if err := controlplane.RunWith(ctx, cpCfg, cpLn, opts.Wrap); err != nil {
-			t.Errorf("control plane: %v", err)
-		}
-	})
+	p.startControlPlane(cpLn)
 	cpURL, _ := url.Parse(p.URL)
-	wCfg := worker.Config{
+	p.wCfg = worker.Config{
 		Tenant: p.Tenant, Env: p.Env,
 		RequestKeys:    []token.Key{master.Derive(token.PurposeWorkerRequest, p.Tenant, p.Env)},
 		GatewayBaseURL: cpURL, IdentityToken: identity,
 		SessionDir: p.SessionDir, ClaudeBin: bin, IdleTimeout: opts.IdleTimeout,
 		CLIExtraEnv: opts.CLIExtraEnv, Logger: log.With("component", "worker"),
 	}
-	if err := wCfg.Validate(); err != nil {
+	if err := p.wCfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	wg.Go(func() {
-		if err := worker.Run(ctx, wCfg, wLn); err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	p.startWorker(wLn)
 	p.waitHealthy()
 	return p
+}
+
+// StartRestartable is Start; kept for tests that say they restart parts.
+func StartRestartable(t testing.TB, opts Options) *Platform { return Start(t, opts) }
+
+func (p *Platform) startControlPlane(ln net.Listener) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := controlplane.RunWith(ctx, p.cpCfg, ln, p.wrap); err != nil {
+			p.T.Errorf("control plane: %v", err)
+		}
+	}()
+	p.mu.Lock()
+	p.stopControlPlane = func() { cancel(); <-done }
+	p.mu.Unlock()
+}
+
+func (p *Platform) startWorker(ln net.Listener) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := worker.Run(ctx, p.wCfg, ln); err != nil {
+			p.T.Errorf("worker: %v", err)
+		}
+	}()
+	p.mu.Lock()
+	p.stopWorker = func() { cancel(); <-done }
+	p.mu.Unlock()
+}
+
+// restart stops a part with stop and starts it again on addr.
+func (p *Platform) restart(stop *func(), addr string, start func(net.Listener)) {
+	p.T.Helper()
+	p.mu.Lock()
+	s := *stop
+	*stop = nil
+	p.mu.Unlock()
+	if s != nil {
+		s()
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		p.T.Fatalf("listen again on %s: %v", addr, err)
+	}
+	start(ln)
+}
+
+// RestartWorker stops the worker (as SIGTERM would) and starts a new one on
+// the same session volume and address, then waits until it is ready.
+func (p *Platform) RestartWorker() {
+	p.T.Helper()
+	p.restart(&p.stopWorker, p.wAddr, p.startWorker)
+	p.waitHealthy()
+}
+
+// RestartControlPlane stops the control plane (cutting every browser
+// stream) and starts it again on the same address and database.
+func (p *Platform) RestartControlPlane() {
+	p.T.Helper()
+	p.restart(&p.stopControlPlane, p.cpAddr, p.startControlPlane)
 }
 
 func (p *Platform) waitHealthy() {
@@ -393,4 +466,20 @@ func AgentReachableTempDir(t testing.TB) string {
 		}
 	}
 	return dir
+}
+
+// WaitControlPlane waits until the control plane answers /healthz.
+func (p *Platform) WaitControlPlane() {
+	p.T.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(p.URL + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.T.Fatal("control plane did not come back")
 }
