@@ -383,8 +383,8 @@ type result struct {
 	// (its work before forwarding), when it answered.
 	pre50, pre99 time.Duration
 	rps          float64
-	errors   int64
-	firstErr error
+	errors       int64
+	firstErr     error
 }
 
 // load runs c closed-loop clients against target for o.warmup + o.duration
