@@ -94,12 +94,14 @@ func configFromEnv() (worker.Config, error) {
 			*dst = d
 		}
 	}
-	if v := os.Getenv("TALKIDE_MAX_PROCESSES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return cfg, fmt.Errorf("TALKIDE_MAX_PROCESSES %q: want a positive integer", v)
+	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents} {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, fmt.Errorf("%s %q: want a positive integer", name, v)
+			}
+			*dst = n
 		}
-		cfg.MaxProcesses = n
 	}
 	return cfg, cfg.Validate()
 }

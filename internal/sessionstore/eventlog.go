@@ -58,6 +58,9 @@ type EventLog struct {
 	closed bool
 	// readOnly is set for logs opened with OpenEventLogReader.
 	readOnly bool
+	// keep is the retention bound (0: none); count the events in the file;
+	// guarded by mu.
+	keep, count int
 }
 
 // ErrClosed is returned by Append on a closed log.
@@ -73,9 +76,15 @@ func (s *Store) OpenEventLog(conv string) (*EventLog, RepairReport, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, RepairReport{}, fmt.Errorf("open event log of %s: %w", conv, err)
 	}
-	l := &EventLog{path: filepath.Join(dir, "events.jsonl"), conv: conv, changed: make(chan struct{})}
+	l := &EventLog{path: filepath.Join(dir, "events.jsonl"), conv: conv, changed: make(chan struct{}), keep: s.KeepEvents}
 	rep, err := l.load()
 	if err != nil {
+		return nil, rep, fmt.Errorf("open event log of %s: %w", conv, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.compactLocked(); err != nil {
+		l.f.Close()
 		return nil, rep, fmt.Errorf("open event log of %s: %w", conv, err)
 	}
 	return l, rep, nil
@@ -160,6 +169,7 @@ func (l *EventLog) load() (RepairReport, error) {
 		}
 		good += int64(len(line))
 		l.lastID = ev.ID
+		l.count++
 		l.remember(ev)
 	}
 	if rep.TornBytes > 0 {
@@ -222,10 +232,56 @@ func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 		return contract.Event{}, fmt.Errorf("append event: %w", err)
 	}
 	l.lastID = ev.ID
+	l.count++
 	l.remember(ev)
 	close(l.changed)
 	l.changed = make(chan struct{})
+	if err := l.compactLocked(); err != nil {
+		// The event is stored; only the trimming failed. Try again later.
+		return ev, nil
+	}
 	return ev, nil
+}
+
+// compactLocked drops the oldest events when the log holds more than 1.5
+// times its bound: the newest keep events are written to a new file that
+// atomically replaces the log. Readers that asked for older events get the
+// oldest kept one first (they see the gap in the ids).
+func (l *EventLog) compactLocked() error {
+	if l.keep <= 0 || l.count <= l.keep+l.keep/2 {
+		return nil
+	}
+	evs, err := l.readFile(l.lastID-int64(l.keep), l.keep)
+	if err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	h, _ := json.Marshal(logHeader{Format: logFormatName, Version: FormatVersion})
+	b.Write(h)
+	b.WriteByte('\n')
+	for _, ev := range evs {
+		line, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	if err := WriteFileAtomic(l.path, b.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("compact event log: %w", err)
+	}
+	f, err := os.OpenFile(l.path, os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("compact event log: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		f.Close()
+		return err
+	}
+	l.f.Close()
+	l.f = f
+	l.count = len(evs)
+	return nil
 }
 
 // LastID returns the id of the newest event (0 when empty).

@@ -96,6 +96,10 @@ func (m *Meta) Accept(id string) {
 // Store is the SessionStore rooted at one directory.
 type Store struct {
 	root string
+	// KeepEvents bounds each conversation's event log: when it holds half as
+	// many again, the oldest are dropped down to KeepEvents. 0 keeps all.
+	// Set it before opening logs.
+	KeepEvents int
 }
 
 // Open returns the store rooted at dir, creating it (0700) if needed.

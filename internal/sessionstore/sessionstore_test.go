@@ -1,6 +1,7 @@
 package sessionstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -209,5 +210,36 @@ func TestFollowNoLossNoDuplicates(t *testing.T) {
 				t.Fatalf("follower %d: event %d has id %d", f, i, id)
 			}
 		}
+	}
+}
+
+func TestRetentionKeepsTheNewest(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	s.KeepEvents = 10
+	l, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if _, err := l.Append(newEvent(t, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	data, _ := os.ReadFile(filepath.Join(s.Dir("c1"), "events.jsonl"))
+	if lines := bytes.Count(data, []byte("\n")) - 1; lines > 15 || lines < 10 {
+		t.Errorf("log holds %d events, want 10 to 15", lines)
+	}
+	l2, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	evs, _ := l2.Since(0, 1000)
+	if len(evs) < 10 || evs[len(evs)-1].ID != 100 {
+		t.Fatalf("after reopening: %d events ending at %d, want at least 10 ending at 100", len(evs), evs[len(evs)-1].ID)
+	}
+	if ev, _ := l2.Append(newEvent(t, "y")); ev.ID != 101 {
+		t.Errorf("next id after compaction: %d, want 101", ev.ID)
 	}
 }

@@ -94,6 +94,9 @@ type Config struct {
 	// root, else the worker's own user. The worker is non-dumpable, so an
 	// agent of the same user cannot read its environment either.
 	AgentUser string
+	// KeepEvents bounds each conversation's event log (the oldest events are
+	// dropped beyond it) [TALKIDE_EVENT_RETENTION]. Default 10000.
+	KeepEvents int
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
@@ -137,6 +140,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 20 * time.Second
+	}
+	if c.KeepEvents <= 0 {
+		c.KeepEvents = 10000
 	}
 	if c.WorkerID == "" {
 		c.WorkerID, _ = os.Hostname()
@@ -194,6 +200,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
+	store.KeepEvents = c.KeepEvents
 	var gp gatewayproxy.GatewayProxy
 	if c.NoOpUpstream != nil {
 		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
