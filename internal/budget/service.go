@@ -383,6 +383,19 @@ func (s *Service) writer() {
 	}()
 	sweep := time.NewTicker(min(s.cfg.ReservationTTL/4, time.Minute))
 	defer sweep.Stop()
+	// Settlements wait up to SettleDelay for company: nobody waits on them
+	// but the gateway's background goroutine, and committing many in one
+	// transaction writes each page once and keeps the writer free for
+	// reservations, which callers do wait on.
+	var settles []*op
+	settleTimer := time.NewTimer(time.Hour)
+	settleTimer.Stop()
+	flushSettles := func() {
+		if len(settles) > 0 {
+			s.commit(settles)
+			settles = nil
+		}
+	}
 	batch := make([]*op, 0, maxBatch)
 	for {
 		select {
@@ -397,14 +410,35 @@ func (s *Service) writer() {
 					break drain
 				}
 			}
-			s.commit(batch)
+			now := batch[:0:0]
+			for _, o := range batch {
+				if o.settle != nil {
+					if len(settles) == 0 {
+						settleTimer.Reset(SettleDelay)
+					}
+					settles = append(settles, o)
+					continue
+				}
+				now = append(now, o)
+			}
+			if len(now) > 0 {
+				s.commit(now)
+			}
+			if len(settles) >= maxBatch {
+				settleTimer.Stop()
+				flushSettles()
+			}
+		case <-settleTimer.C:
+			flushSettles()
 		case <-sweep.C:
+			flushSettles()
 			o := &op{ctx: context.Background(), expire: &expireArgs{now: s.now()}, done: make(chan error, 1)}
 			s.commit([]*op{o})
 			if err := <-o.done; err != nil {
 				s.log.Error("expire budget reservations", "err", err)
 			}
 		case <-s.quit:
+			flushSettles()
 			for {
 				select {
 				case o := <-s.ops:
@@ -416,6 +450,10 @@ func (s *Service) writer() {
 		}
 	}
 }
+
+// SettleDelay is the longest a settlement waits to be committed with
+// others (see writer).
+const SettleDelay = 5 * time.Millisecond
 
 // commit runs ops in one transaction. When any fails, the transaction is
 // rolled back and each op is retried in its own, so one bad op cannot fail

@@ -71,6 +71,7 @@ type options struct {
 	pgURL       string
 	ttfb        time.Duration
 	gap         time.Duration
+	rounds      int
 }
 
 func run() error {
@@ -79,7 +80,8 @@ func run() error {
 	flag.StringVar(&conc, "c", "1,16,64", "concurrencies (closed-loop clients)")
 	flag.StringVar(&streams, "stream", "false,true", "modes: false (JSON answer), true (SSE stream)")
 	flag.StringVar(&stores, "store", "sqlite,postgres", "budget stores: sqlite, postgres, none (no budget: the proxying alone)")
-	flag.DurationVar(&o.duration, "d", 3*time.Second, "measured time per run")
+	flag.DurationVar(&o.duration, "d", time.Second, "measured time per run")
+	flag.IntVar(&o.rounds, "rounds", 3, "alternating direct and gateway runs per case")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured time before each run")
 	flag.IntVar(&o.bodyBytes, "body", 16<<10, "request body size in bytes (a Claude Code call with tools is tens of KB)")
 	flag.IntVar(&o.users, "users", 5000, "distinct users the calls are spread over")
@@ -122,8 +124,8 @@ func run() error {
 	defer stopUp()
 
 	fmt.Printf("# bench-gateway: %d CPUs (GOMAXPROCS %d), %s, %s/%s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel(), runtime.GOOS, runtime.GOARCH)
-	fmt.Printf("# per run: %s measured after %s warm-up; body %d bytes; %d users; upstream stand-in: %s before the answer, %s between SSE events\n",
-		o.duration, o.warmup, o.bodyBytes, o.users, o.ttfb, o.gap)
+	fmt.Printf("# per case: %d alternating direct and gateway runs of %s measured after %s warm-up; body %d bytes; %d users; upstream stand-in: %s before the answer, %s between SSE events\n",
+		o.rounds, o.duration, o.warmup, o.bodyBytes, o.users, o.ttfb, o.gap)
 	fmt.Printf("# direct: client → stand-in; gw: client → gateway-proxy → stand-in; add: gw - direct; pre: the gateway's own work before forwarding (x-talkide-gateway-overhead-ms)\n")
 	fmt.Printf("%-8s %-6s %-3s %9s %9s %9s   %9s %9s %9s   %8s %8s %6s   %8s %8s\n",
 		"store", "stream", "c", "p50_ms", "p99_ms", "rps", "gw_p50", "gw_p99", "gw_rps", "add_p50", "add_p99", "ratio", "pre_p50", "pre_p99")
@@ -137,8 +139,15 @@ func run() error {
 		for _, stream := range o.streams {
 			body := requestBody(stream, o.bodyBytes)
 			for _, c := range o.concurrency {
-				direct := load(upURL.String()+"/v1/messages", nil, body, c, o)
-				via := load(gw.url+contract.PathGatewayPrefix+"/v1/messages", gw.tokens, body, c, o)
+				// Alternate direct and gateway runs so that load from outside
+				// the benchmark (a shared machine) falls on both alike.
+				var direct, via result
+				for range o.rounds {
+					direct.add(load(upURL.String()+"/v1/messages", nil, body, c, o))
+					via.add(load(gw.url+contract.PathGatewayPrefix+"/v1/messages", gw.tokens, body, c, o))
+				}
+				direct.finish()
+				via.finish()
 				if direct.errors > 0 || via.errors > 0 {
 					stop()
 					return fmt.Errorf("store %s stream %v c %d: %d direct and %d gateway calls failed (first: %v %v)",
@@ -378,7 +387,9 @@ func labels[L interface{ GetValue() string }](ls []L) string {
 }
 
 type result struct {
-	p50, p99 time.Duration
+	samples, pres []time.Duration
+	elapsed       time.Duration
+	p50, p99      time.Duration
 	// pre50 and pre99 are the gateway's own x-talkide-gateway-overhead-ms
 	// (its work before forwarding), when it answered.
 	pre50, pre99 time.Duration
@@ -466,22 +477,38 @@ func load(target string, tokens []string, body []byte, c int, o options) result 
 	elapsed := time.Since(start)
 	stop.Store(true)
 	wg.Wait()
-	slices.Sort(all)
-	r := result{errors: errs.Load()}
+	r := result{errors: errs.Load(), samples: all, pres: pres, elapsed: elapsed}
 	if e, ok := firstErr.Load().(error); ok {
 		r.firstErr = e
 	}
-	if len(all) == 0 {
-		return r
+	return r
+}
+
+// add merges the samples of another run into r.
+func (r *result) add(o result) {
+	r.samples = append(r.samples, o.samples...)
+	r.pres = append(r.pres, o.pres...)
+	r.elapsed += o.elapsed
+	r.errors += o.errors
+	if r.firstErr == nil {
+		r.firstErr = o.firstErr
 	}
+}
+
+// finish computes r's percentiles and rate from its samples.
+func (r *result) finish() {
+	all := r.samples
+	if len(all) == 0 {
+		return
+	}
+	slices.Sort(all)
 	r.p50 = all[len(all)*50/100]
 	r.p99 = all[min(len(all)*99/100, len(all)-1)]
-	if len(pres) > 0 {
-		slices.Sort(pres)
-		r.pre50, r.pre99 = pres[len(pres)*50/100], pres[min(len(pres)*99/100, len(pres)-1)]
+	if len(r.pres) > 0 {
+		slices.Sort(r.pres)
+		r.pre50, r.pre99 = r.pres[len(r.pres)*50/100], r.pres[min(len(r.pres)*99/100, len(r.pres)-1)]
 	}
-	r.rps = float64(len(all)) / elapsed.Seconds()
-	return r
+	r.rps = float64(len(all)) / r.elapsed.Seconds()
 }
 
 // admitAll is the "none" store: every call admitted, nothing booked.
