@@ -44,22 +44,23 @@ func run(ctx context.Context) error {
 
 func configFromEnv() (worker.Config, error) {
 	cfg := worker.Config{
-		Tenant:          os.Getenv("TALKIDE_TENANT"),
-		Env:             os.Getenv("TALKIDE_ENV"),
-		Addr:            os.Getenv("TALKIDE_WORKER_ADDR"),
-		IdentityToken:   os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN"),
-		SessionDir:      os.Getenv("TALKIDE_SESSION_DIR"),
-		ClaudeConfigDir: os.Getenv("CLAUDE_CONFIG_DIR"),
-		ClaudeBin:       os.Getenv("TALKIDE_CLAUDE_BIN"),
-		Model:           os.Getenv("TALKIDE_MODEL"),
-		PermissionMode:  os.Getenv("TALKIDE_PERMISSION_MODE"),
-		WorkerID:        os.Getenv("TALKIDE_WORKER_ID"),
-		AdvertiseURL:    os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
-		LeaseBackend:    os.Getenv("TALKIDE_LEASE_BACKEND"),
-		CLITmpDir:       os.Getenv("TALKIDE_CLI_TMP_DIR"),
-		AgentUser:       os.Getenv("TALKIDE_AGENT_USER"),
-		CLIExtraEnv:     worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
-		Logger:          slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		Tenant:           os.Getenv("TALKIDE_TENANT"),
+		Env:              os.Getenv("TALKIDE_ENV"),
+		Addr:             os.Getenv("TALKIDE_WORKER_ADDR"),
+		IdentityToken:    os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN"),
+		SessionDir:       os.Getenv("TALKIDE_SESSION_DIR"),
+		ClaudeConfigDir:  os.Getenv("CLAUDE_CONFIG_DIR"),
+		ClaudeBin:        os.Getenv("TALKIDE_CLAUDE_BIN"),
+		Model:            os.Getenv("TALKIDE_MODEL"),
+		PermissionMode:   os.Getenv("TALKIDE_PERMISSION_MODE"),
+		WorkerID:         os.Getenv("TALKIDE_WORKER_ID"),
+		AdvertiseURL:     os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
+		LeaseBackend:     os.Getenv("TALKIDE_LEASE_BACKEND"),
+		CLITmpDir:        os.Getenv("TALKIDE_CLI_TMP_DIR"),
+		AgentUser:        os.Getenv("TALKIDE_AGENT_USER"),
+		PermissionPolicy: os.Getenv("TALKIDE_PERMISSION_POLICY"),
+		CLIExtraEnv:      worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
+		Logger:           slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}
 	if v := os.Getenv("TALKIDE_WORKER_REQUEST_KEYS"); v != "" {
 		keys, err := token.ParseKeys(v)
@@ -85,7 +86,7 @@ func configFromEnv() (worker.Config, error) {
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
-	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace} {
+	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {

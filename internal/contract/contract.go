@@ -20,12 +20,13 @@ const (
 // Worker HTTP API paths, relative to the worker's base URL. {id} is a
 // conversation id (see ValidConversationID).
 const (
-	PathSession   = "/v1/conversations/{id}/session"   // POST CreateSessionRequest → 200 SessionStatus
-	PathMessages  = "/v1/conversations/{id}/messages"  // POST SendMessageRequest → 202 SendMessageResponse
-	PathInterrupt = "/v1/conversations/{id}/interrupt" // POST → 202 InterruptResponse
-	PathStop      = "/v1/conversations/{id}/stop"      // POST → 200 SessionStatus
-	PathStatus    = "/v1/conversations/{id}"           // GET → 200 SessionStatus
-	PathEvents    = "/v1/conversations/{id}/events"    // GET → text/event-stream of Event
+	PathSession    = "/v1/conversations/{id}/session"                  // POST CreateSessionRequest → 200 SessionStatus
+	PathMessages   = "/v1/conversations/{id}/messages"                 // POST SendMessageRequest → 202 SendMessageResponse
+	PathInterrupt  = "/v1/conversations/{id}/interrupt"                // POST → 202 InterruptResponse
+	PathStop       = "/v1/conversations/{id}/stop"                     // POST → 200 SessionStatus
+	PathStatus     = "/v1/conversations/{id}"                          // GET → 200 SessionStatus
+	PathEvents     = "/v1/conversations/{id}/events"                   // GET → text/event-stream of Event
+	PathPermission = "/v1/conversations/{id}/permissions/{request_id}" // POST PermissionAnswer → 200 PermissionResolved
 )
 
 // Control-plane paths the worker calls.
@@ -179,6 +180,10 @@ const (
 	EventError          EventType = "error"
 	EventSessionStopped EventType = "session_stopped"
 	EventTurnQueued     EventType = "turn_queued"
+	// EventPermissionRequested and EventPermissionResolved carry the agent's
+	// requests to use a tool when the worker's permission policy is "ask".
+	EventPermissionRequested EventType = "permission_requested"
+	EventPermissionResolved  EventType = "permission_resolved"
 	// EventMCPServerRefused: an MCP server of the project's .mcp.json was
 	// not offered to the agent because the operator's policy refuses it.
 	EventMCPServerRefused EventType = "mcp_server_refused"
@@ -224,6 +229,9 @@ type UserMessage struct {
 // TurnStarted: the CLI started working on a user message.
 type TurnStarted struct {
 	ClientMessageID string `json:"client_message_id"`
+	// Continued is set when the turn goes on after a worker restart cut it
+	// while a permission request was pending (the request is raised again).
+	Continued bool `json:"continued,omitempty"`
 }
 
 // AssistantText: a text block the model produced.
@@ -316,6 +324,40 @@ type TurnFailed struct {
 type ErrorEvent struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+}
+
+// PermissionRequested: the agent asks to use a tool (permission policy
+// "ask"); answer with PermissionAnswer at PathPermission before ExpiresAt,
+// else it is denied. After a worker restart a pending request is raised again
+// with the same RequestID and Reraised set.
+type PermissionRequested struct {
+	RequestID string          `json:"request_id"`
+	ToolName  string          `json:"tool_name"`
+	ToolUseID string          `json:"tool_use_id"`
+	Input     json.RawMessage `json:"input"`
+	// Description is the CLI's short description of the call, if any.
+	Description string    `json:"description,omitempty"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	Reraised    bool      `json:"reraised,omitempty"`
+}
+
+// PermissionAnswer answers a PermissionRequested.
+type PermissionAnswer struct {
+	// Behavior is "allow" or "deny".
+	Behavior string `json:"behavior"`
+	// Message is told to the agent on "deny" (optional).
+	Message string `json:"message,omitempty"`
+}
+
+// PermissionResolved: a permission request was answered, timed out or
+// dropped.
+type PermissionResolved struct {
+	RequestID string `json:"request_id"`
+	// Behavior is "allow" or "deny".
+	Behavior string `json:"behavior"`
+	// Reason: "answered", "timeout" (nobody answered in time), "turn_ended"
+	// (the turn ended first: interrupted, stopped, failed).
+	Reason string `json:"reason"`
 }
 
 // TurnQueued: the message's turn waits for a free agent process (the

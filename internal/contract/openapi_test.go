@@ -79,6 +79,8 @@ var eventTypes = []struct {
 	{"EventSessionStopped", contract.EventSessionStopped, contract.SessionStopped{}},
 	{"EventMCPServerRefused", contract.EventMCPServerRefused, contract.MCPServerRefused{}},
 	{"EventTurnQueued", contract.EventTurnQueued, contract.TurnQueued{}},
+	{"EventPermissionRequested", contract.EventPermissionRequested, contract.PermissionRequested{}},
+	{"EventPermissionResolved", contract.EventPermissionResolved, contract.PermissionResolved{}},
 }
 
 // sessionStates, errorTypes and failReasons list the other documented
@@ -628,6 +630,7 @@ var workerPaths = []struct {
 	{"PathInterrupt", contract.PathInterrupt, "endpoint"},
 	{"PathStop", contract.PathStop, "endpoint"},
 	{"PathStatus", contract.PathStatus, "endpoint"},
+	{"PathPermission", contract.PathPermission, "endpoint"},
 	{"PathEvents", contract.PathEvents, "endpoint"},
 	{"PathMint", contract.PathMint, "endpoint"},
 	{"PathGatewayPrefix", contract.PathGatewayPrefix, "prefix"},
@@ -1061,6 +1064,9 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 		contract.EventSessionStopped:   contract.SessionStopped{Reason: "idle", ExitCode: -1},
 		contract.EventMCPServerRefused: contract.MCPServerRefused{Server: "db", Transport: "stdio", Reason: "command psql is not allowed by TALKIDE_MCP_ALLOW_COMMANDS"},
 		contract.EventTurnQueued:       contract.TurnQueued{ClientMessageID: "m1", Position: 2, LiveProcesses: 4, MaxProcesses: 4},
+		contract.EventPermissionRequested: contract.PermissionRequested{RequestID: "perm_1", ToolName: "Bash", ToolUseID: "toolu_1",
+			Input: json.RawMessage(`{"command":"echo hi > out.txt"}`), ExpiresAt: time.Unix(1_800_000_000, 0).UTC()},
+		contract.EventPermissionResolved: contract.PermissionResolved{RequestID: "perm_1", Behavior: "allow", Reason: "answered"},
 	}
 	if len(payloads) != len(eventTypes) {
 		t.Fatalf("payload samples for %d event types, want %d", len(payloads), len(eventTypes))

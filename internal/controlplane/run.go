@@ -34,6 +34,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
 	s.mux.Handle("POST /api/conversations/{id}/messages", h(s.sendMessage))
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
+	s.mux.Handle("POST /api/conversations/{id}/permissions/{request_id}", h(s.answerPermission))
 	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
 	s.mux.Handle("GET /healthz", h(s.healthz))
 	s.mux.Handle("POST "+contract.PathMint, m)

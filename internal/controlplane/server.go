@@ -292,6 +292,48 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// answerPermission relays the user's answer to a permission request of the
+// agent (permission policy "ask").
+func (s *Server) answerPermission(w http.ResponseWriter, r *http.Request) error {
+	u, err := s.user(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return err
+	}
+	body, err := httpapi.ReadBody(w, r, 16<<10)
+	if err != nil {
+		return err
+	}
+	var a contract.PermissionAnswer
+	if err := httpapi.DecodeJSON(r, body, &a); err != nil {
+		return err
+	}
+	if a.Behavior != "allow" && a.Behavior != "deny" {
+		return httpapi.BadRequest(`behavior must be "allow" or "deny"`)
+	}
+	if contract.ValidConversationID(r.PathValue("request_id")) != nil {
+		return httpapi.NotFound("permission request not found")
+	}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return err
+	}
+	var res contract.PermissionResolved
+	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
+		var err error
+		res, err = wc.AnswerPermission(ctx, c.ID, r.PathValue("request_id"), a)
+		return err
+	})
+	if err != nil {
+		return workerError(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, res)
+	return nil
+}
+
 func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
 	u, err := s.user(r)
 	if err != nil {

@@ -77,6 +77,13 @@ type Config struct {
 	// ShutdownGrace is how long running turns may go on after shutdown
 	// begins before they are interrupted. Default 20 s.
 	ShutdownGrace time.Duration
+	// PermissionPolicy is PolicyAllow (the default: every tool call the CLI
+	// asks about is allowed) or PolicyAsk (each becomes a
+	// permission_requested event for the control plane to answer).
+	PermissionPolicy string
+	// PermissionTimeout denies an unanswered request after this long.
+	// Default 5 minutes.
+	PermissionTimeout time.Duration
 	// AgentUser, when set, is the account CLI processes (and so every
 	// command the agent runs) run as, instead of the worker's own: a worker
 	// running as root must not hand root to the agent. The harness gives the
@@ -117,6 +124,16 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 20 * time.Second
+	}
+	switch c.PermissionPolicy {
+	case "":
+		c.PermissionPolicy = PolicyAllow
+	case PolicyAllow, PolicyAsk:
+	default:
+		return fmt.Errorf("harness config: permission policy %q: want allow or ask", c.PermissionPolicy)
+	}
+	if c.PermissionTimeout <= 0 {
+		c.PermissionTimeout = 5 * time.Minute
 	}
 	if c.RecoverInterval <= 0 {
 		c.RecoverInterval = 5 * time.Second

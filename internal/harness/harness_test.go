@@ -39,6 +39,8 @@ type rigOptions struct {
 	maxProcesses int
 	idleTimeout  time.Duration
 	upstream     *devupstream.Server
+	policy       string
+	permTimeout  time.Duration
 }
 
 func startRig(t *testing.T, o rigOptions) *rig {
@@ -82,6 +84,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		HomeDir: filepath.Join(o.volume, "home"), TmpRoot: filepath.Join(t.TempDir(), "tmp"),
 		MaxProcesses: o.maxProcesses, IdleTimeout: o.idleTimeout, Leases: leases, Identity: id,
 		ShutdownGrace: 2 * time.Second, RecoverInterval: 200 * time.Millisecond, Logger: log,
+		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout,
 	}, store, local)
 	if err != nil {
 		t.Fatal(err)

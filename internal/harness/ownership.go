@@ -131,7 +131,10 @@ func (s *session) recoverLocked() {
 		changed = true
 	}
 	_ = os.RemoveAll(s.tmpDir())
-	if t := s.meta.Turn; t != nil {
+	if t := s.meta.Turn; t != nil && s.continueAfterCrashLocked(t) {
+		s.h.log.Warn("turn cut by a worker crash while waiting for permission; continuing it", "conversation", s.conv, "message", t.ClientMessageID)
+		changed = true
+	} else if t != nil {
 		s.h.log.Warn("turn cut by a worker crash", "conversation", s.conv, "message", t.ClientMessageID)
 		s.emitLocked(contract.EventTurnFailed, contract.TurnFailed{ClientMessageID: t.ClientMessageID, Reason: contract.FailWorkerRestarted,
 			Message: "the worker stopped during this turn; the conversation goes on from what was recorded, send the message again to retry"})

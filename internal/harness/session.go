@@ -42,6 +42,9 @@ type session struct {
 	// slot is true while the session holds one of the MaxProcesses slots,
 	// queued while it waits for one; guarded by mu.
 	slot, queued bool
+	// resolved remembers the ids of recently resolved permission requests
+	// (to answer a late answer with 409); guarded by mu.
+	resolved []string
 }
 
 func (s *session) statusLocked() contract.SessionStatus {
@@ -169,7 +172,7 @@ func (s *session) pumpLocked() {
 			return
 		}
 		s.proc.stopIdleTimer()
-		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID})
+		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID, Continued: next.Continuation})
 		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
 			s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
 			s.proc.beginStop("exited")
@@ -274,7 +277,11 @@ func (s *session) handle(p *process, m streamjson.Message) {
 	case *streamjson.Result:
 		s.finishTurnLocked(p, m)
 	case *streamjson.ControlRequest:
-		if !s.mcpControlLocked(p, m) {
+		switch {
+		case s.mcpControlLocked(p, m):
+		case m.Subtype() == "can_use_tool":
+			s.canUseToolLocked(p, m)
+		default:
 			p.send(answerControl(m))
 		}
 	case *streamjson.ControlResponse:
@@ -328,6 +335,7 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 	p.apiError = ""
 	p.lastActive = time.Now()
 	p.stopInterruptTimer()
+	s.endPermissionsLocked()
 	s.meta.Turn = nil
 	_ = s.saveLocked()
 	s.pumpLocked()
@@ -402,6 +410,7 @@ func (s *session) exited(p *process) {
 		if tail := p.stderrTail(); tail != "" {
 			f.Message += ": " + tail
 		}
+		s.endPermissionsLocked()
 		s.emitLocked(contract.EventTurnFailed, f)
 		s.meta.Turn = nil
 	}

@@ -42,6 +42,8 @@ type Meta struct {
 	// Turn is the message whose turn runs (sent to the CLI, no result yet);
 	// nil when idle. A Turn found on load means its worker died mid-turn.
 	Turn *PendingMessage `json:"turn,omitempty"`
+	// Permissions are the agent's permission requests waiting for an answer.
+	Permissions []PermissionRequest `json:"permissions,omitempty"`
 	// Process describes the live CLI process, so a successor can clean up
 	// after a crash; nil when none runs.
 	Process *ProcessInfo `json:"process,omitempty"`
@@ -55,6 +57,25 @@ type PendingMessage struct {
 	ClientMessageID string    `json:"client_message_id"`
 	Text            string    `json:"text"`
 	AcceptedAt      time.Time `json:"accepted_at"`
+	// Continuation is set on a message the worker made up to continue a
+	// turn a restart cut while a permission request was pending.
+	Continuation bool `json:"continuation,omitempty"`
+}
+
+// PermissionRequest is a pending request of the agent to use a tool.
+type PermissionRequest struct {
+	RequestID string `json:"request_id"`
+	// CLIRequestID is the CLI's control request id to answer; empty after
+	// a worker restart until the continued turn asks again.
+	CLIRequestID string          `json:"cli_request_id,omitempty"`
+	ToolName     string          `json:"tool_name"`
+	ToolUseID    string          `json:"tool_use_id"`
+	Input        json.RawMessage `json:"input"`
+	Description  string          `json:"description,omitempty"`
+	ExpiresAt    time.Time       `json:"expires_at"`
+	// Answer is "allow" when the answer came while no CLI was asking
+	// (after a restart); it is given as soon as the CLI asks again.
+	Answer string `json:"answer,omitempty"`
 }
 
 // ProcessInfo identifies a CLI process and its process group.

@@ -94,6 +94,13 @@ type Config struct {
 	// root, else the worker's own user. The worker is non-dumpable, so an
 	// agent of the same user cannot read its environment either.
 	AgentUser string
+	// PermissionPolicy is "allow" (every tool call the agent asks about is
+	// allowed; the default) or "ask" (each becomes a permission_requested
+	// event the control plane answers) [TALKIDE_PERMISSION_POLICY].
+	PermissionPolicy string
+	// PermissionTimeout denies an unanswered permission request after this
+	// long [TALKIDE_PERMISSION_TIMEOUT]. Default 5 minutes.
+	PermissionTimeout time.Duration
 	// KeepEvents bounds each conversation's event log (the oldest events are
 	// dropped beyond it) [TALKIDE_EVENT_RETENTION]. Default 10000.
 	KeepEvents int
@@ -247,23 +254,25 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
 	}
 	h, err := harness.New(harness.Config{
-		AgentUser:      agent,
-		Leases:         leases,
-		Identity:       identity,
-		MaxProcesses:   c.MaxProcesses,
-		ShutdownGrace:  c.ShutdownGrace,
-		TmpRoot:        c.CLITmpDir,
-		MCP:            rep.mcp,
-		OnEvent:        rep.notify,
-		ClaudeBin:      c.ClaudeBin,
-		ConfigDir:      c.ClaudeConfigDir,
-		WorkspaceRoot:  filepath.Join(c.SessionDir, "workspaces"),
-		HomeDir:        filepath.Join(c.SessionDir, "home"),
-		Model:          c.Model,
-		PermissionMode: c.PermissionMode,
-		IdleTimeout:    c.IdleTimeout,
-		ExtraEnv:       c.CLIExtraEnv,
-		Logger:         log.With("component", "harness"),
+		AgentUser:         agent,
+		PermissionPolicy:  c.PermissionPolicy,
+		PermissionTimeout: c.PermissionTimeout,
+		Leases:            leases,
+		Identity:          identity,
+		MaxProcesses:      c.MaxProcesses,
+		ShutdownGrace:     c.ShutdownGrace,
+		TmpRoot:           c.CLITmpDir,
+		MCP:               rep.mcp,
+		OnEvent:           rep.notify,
+		ClaudeBin:         c.ClaudeBin,
+		ConfigDir:         c.ClaudeConfigDir,
+		WorkspaceRoot:     filepath.Join(c.SessionDir, "workspaces"),
+		HomeDir:           filepath.Join(c.SessionDir, "home"),
+		Model:             c.Model,
+		PermissionMode:    c.PermissionMode,
+		IdleTimeout:       c.IdleTimeout,
+		ExtraEnv:          c.CLIExtraEnv,
+		Logger:            log.With("component", "harness"),
 	}, store, local)
 	if err != nil {
 		localLn.Close()

@@ -56,6 +56,7 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 	s.route("POST "+contract.PathStop, s.stop)
 	s.route("GET "+contract.PathStatus, s.status)
 	s.route("GET "+contract.PathEvents, s.events)
+	s.route("POST "+contract.PathPermission, s.answerPermission)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -173,6 +174,8 @@ func mapErr(err error) error {
 		return httpapi.Errorf(http.StatusRequestEntityTooLarge, contract.ErrTypeTooLarge, "%v", err)
 	case errors.Is(err, harness.ErrUserMismatch):
 		return httpapi.Forbidden("conversation belongs to another user", err)
+	case errors.Is(err, harness.ErrPermissionResolved):
+		return httpapi.Errorf(http.StatusConflict, contract.ErrTypeConflict, "permission request already resolved")
 	case errors.Is(err, harness.ErrUnavailable):
 		return &httpapi.Error{Status: http.StatusServiceUnavailable, Type: contract.ErrTypeUnavailable,
 			Msg: "conversation temporarily unavailable; retry shortly", Err: err, Header: http.Header{"Retry-After": {"1"}}}
@@ -221,6 +224,19 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request) error {
 		return mapErr(err)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) answerPermission(w http.ResponseWriter, r *http.Request) error {
+	var a contract.PermissionAnswer
+	if err := httpapi.DecodeJSON(r, body(r), &a); err != nil {
+		return err
+	}
+	res, err := s.h.AnswerPermission(r.PathValue("id"), r.PathValue("request_id"), a)
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, res)
 	return nil
 }
 

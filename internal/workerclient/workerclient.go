@@ -147,6 +147,14 @@ func (c *Client) Stop(ctx context.Context, conv string) (contract.SessionStatus,
 	return st, err
 }
 
+// AnswerPermission answers permission request id of conv.
+func (c *Client) AnswerPermission(ctx context.Context, conv, id string, a contract.PermissionAnswer) (contract.PermissionResolved, error) {
+	var out contract.PermissionResolved
+	p := strings.Replace(path(contract.PathPermission, conv), "{request_id}", url.PathEscape(id), 1)
+	err := c.do(ctx, http.MethodPost, p, a, &out)
+	return out, err
+}
+
 // Status returns conv's status.
 func (c *Client) Status(ctx context.Context, conv string) (contract.SessionStatus, error) {
 	var st contract.SessionStatus

@@ -1,0 +1,146 @@
+package harness
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/devupstream"
+)
+
+// waitEvent waits for the first event of type typ (after index from) and
+// returns it with its index.
+func waitEvent(t *testing.T, e *events, typ contract.EventType, from int, timeout time.Duration) (contract.Event, int) {
+	t.Helper()
+	var got contract.Event
+	idx := -1
+	waitFor(t, string(typ), timeout, func() bool {
+		for i, ev := range e.snapshot() {
+			if i >= from && ev.Type == typ {
+				got, idx = ev, i
+				return true
+			}
+		}
+		return false
+	})
+	return got, idx
+}
+
+func payload[T any](t *testing.T, ev contract.Event) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(ev.Data, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestPermissionRequests runs the "ask" policy through allow, deny, a
+// timeout, and answers to unknown and already resolved requests.
+func TestPermissionRequests(t *testing.T) {
+	r := startRig(t, rigOptions{policy: PolicyAsk, permTimeout: 2 * time.Second})
+	type tc struct {
+		conv, cmd, answer string
+	}
+	for _, c := range []tc{{"allow", "echo allowed-run > out.txt && cat out.txt", "allow"}, {"deny", "echo denied-run > out.txt", "deny"}, {"timeout", "echo late-run > out.txt", ""}} {
+		t.Run(c.conv, func(t *testing.T) {
+			mustCreate(t, r.h, c.conv)
+			e := r.follow(t, c.conv)
+			mustSend(t, r.h, c.conv, "m1", "please run `"+c.cmd+"`")
+			req, _ := waitEvent(t, e, contract.EventPermissionRequested, 0, 60*time.Second)
+			pr := payload[contract.PermissionRequested](t, req)
+			var in struct{ Command string }
+			_ = json.Unmarshal(pr.Input, &in)
+			if pr.ToolName != "Bash" || in.Command != c.cmd || pr.ExpiresAt.IsZero() {
+				t.Fatalf("permission_requested: %+v", pr)
+			}
+			if c.answer != "" {
+				res, err := r.h.AnswerPermission(c.conv, pr.RequestID, contract.PermissionAnswer{Behavior: c.answer, Message: "not today"})
+				if err != nil || res.Behavior != c.answer {
+					t.Fatalf("answer: %+v, %v", res, err)
+				}
+			}
+			end, _ := waitEvent(t, e, contract.EventTurnCompleted, 0, 60*time.Second)
+			resolved, _ := waitEvent(t, e, contract.EventPermissionResolved, 0, 5*time.Second)
+			rs := payload[contract.PermissionResolved](t, resolved)
+			result, _ := waitEvent(t, e, contract.EventToolResult, 0, 5*time.Second)
+			tr := payload[contract.ToolResult](t, result)
+			switch c.answer {
+			case "allow":
+				if tr.IsError || !strings.Contains(tr.Content, "allowed-run") || rs.Reason != "answered" {
+					t.Errorf("allowed call: result %+v, resolved %+v", tr, rs)
+				}
+			case "deny":
+				if !tr.IsError || !strings.Contains(tr.Content, "not today") || rs.Behavior != "deny" {
+					t.Errorf("denied call: result %+v, resolved %+v", tr, rs)
+				}
+			default:
+				if !tr.IsError || rs.Reason != "timeout" || rs.Behavior != "deny" {
+					t.Errorf("unanswered call: result %+v, resolved %+v", tr, rs)
+				}
+			}
+			_ = end
+			if _, err := r.h.AnswerPermission(c.conv, pr.RequestID, contract.PermissionAnswer{Behavior: "allow"}); !errors.Is(err, ErrPermissionResolved) {
+				t.Errorf("answering again: got %v, want ErrPermissionResolved", err)
+			}
+		})
+	}
+	if _, err := r.h.AnswerPermission("allow", "perm_nope", contract.PermissionAnswer{Behavior: "allow"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown request: got %v, want ErrNotFound", err)
+	}
+	if _, err := r.h.AnswerPermission("allow", "perm_nope", contract.PermissionAnswer{Behavior: "maybe"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad behavior: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestPermissionRequestSurvivesACrash cuts the worker (without any clean-up
+// write, as SIGKILL would) while a permission request is pending; the next
+// incarnation raises it again with the same id, the answer to it applies to
+// the repeated call, and the turn completes.
+func TestPermissionRequestSurvivesACrash(t *testing.T) {
+	vol := t.TempDir()
+	up := devupstream.New(devupstream.Config{})
+	call := devupstream.Response{Content: []devupstream.ContentBlock{devupstream.ToolUse("Bash", map[string]any{"command": "echo after-crash > out.txt && cat out.txt"})}, StopReason: "tool_use"}
+	up.Script(call, call) // the first ask, and the repeat after the restart
+	a := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up, policy: PolicyAsk, permTimeout: time.Minute})
+	mustCreate(t, a.h, "c")
+	ea := a.follow(t, "c")
+	mustSend(t, a.h, "c", "m1", "do the thing")
+	req, _ := waitEvent(t, ea, contract.EventPermissionRequested, 0, 60*time.Second)
+	id := payload[contract.PermissionRequested](t, req).RequestID
+
+	for _, s := range a.h.loaded() {
+		s.lose() // the process is killed and nothing more is written
+	}
+	a.stop()
+
+	b := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up, policy: PolicyAsk, permTimeout: time.Minute})
+	if _, err := b.h.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	eb := b.follow(t, "c")
+	again, i := waitEvent(t, eb, contract.EventPermissionRequested, len(ea.snapshot()), 30*time.Second)
+	pr := payload[contract.PermissionRequested](t, again)
+	if pr.RequestID != id || !pr.Reraised {
+		t.Fatalf("after the crash: %+v, want request %s raised again", pr, id)
+	}
+	if _, err := b.h.AnswerPermission("c", id, contract.PermissionAnswer{Behavior: "allow"}); err != nil {
+		t.Fatal(err)
+	}
+	end, _ := waitEvent(t, eb, contract.EventTurnCompleted, i, 60*time.Second)
+	result, _ := waitEvent(t, eb, contract.EventToolResult, i, 5*time.Second)
+	if tr := payload[contract.ToolResult](t, result); tr.IsError || !strings.Contains(tr.Content, "after-crash") {
+		t.Errorf("repeated call: %+v", tr)
+	}
+	if done := payload[contract.TurnCompleted](t, end); done.ClientMessageID != "m1" {
+		t.Errorf("continued turn completed as %q, want m1", done.ClientMessageID)
+	}
+	for _, ev := range eb.snapshot() {
+		if ev.Type == contract.EventTurnFailed {
+			t.Errorf("the turn failed instead of continuing: %s", ev.Data)
+		}
+	}
+}
