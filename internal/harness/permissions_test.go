@@ -144,3 +144,32 @@ func TestPermissionRequestSurvivesACrash(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptBeforeTheCLIStarted interrupts a turn whose CLI process has
+// only just been started (no output yet): the interrupt is not a silent
+// no-op, and the turn ends within the interrupt timeout even though the
+// model call would stream for a long time.
+func TestInterruptBeforeTheCLIStarted(t *testing.T) {
+	up := devupstream.New(devupstream.Config{})
+	up.Script(devupstream.Response{Content: []devupstream.ContentBlock{devupstream.Text(strings.Repeat("slow ", 200))}, EventDelay: 500 * time.Millisecond})
+	r := startRig(t, rigOptions{upstream: up})
+	r.h.cfg.InterruptTimeout = 3 * time.Second
+	mustCreate(t, r.h, "c")
+	e := r.follow(t, "c")
+	mustSend(t, r.h, "c", "m1", "tell me a long story")
+	start := time.Now()
+	ok, err := r.h.Interrupt("c")
+	if err != nil || !ok {
+		t.Fatalf("interrupt right after the send: %v, %v; want true", ok, err)
+	}
+	end, _ := waitEvent(t, e, contract.EventTurnFailed, 0, 20*time.Second)
+	if f := payload[contract.TurnFailed](t, end); f.Reason != contract.FailInterrupted {
+		t.Errorf("turn ended with %+v, want interrupted", f)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("interrupted turn took %s to end", d)
+	}
+	if ok, _ := r.h.Interrupt("c"); ok {
+		t.Error("interrupt with no running turn reported a running turn")
+	}
+}
