@@ -1,7 +1,9 @@
 // Package anthropic holds the pieces of the Anthropic Messages API wire format
 // that the platform's proxies need: the error envelope (Anthropic API errors
-// documentation) and usage accounting over a Messages stream (Anthropic
-// Messages streaming events: message_start / message_delta usage).
+// documentation), usage accounting over a Messages stream or answer
+// (StreamMeter, ParseMessageUsage: message_start / message_delta usage, set
+// not added, error events, an estimate of delivered output) and the fast scan
+// of a request's model and max_tokens (ScanRequestHead).
 //
 // It is not a client SDK and does not model requests beyond what budgeting
 // needs. The development upstream has its own, fuller model of requests.

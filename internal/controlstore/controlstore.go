@@ -1,8 +1,11 @@
 // Package controlstore is the control plane's database: users and their
 // grants, conversations, issued identity tokens, and the tables the
 // UserBudgetService keeps. It runs on SQLite (modernc.org/sqlite, pure Go;
-// the embedded default) and PostgreSQL (pgx), with the same portable SQL and
-// migrations applied by goose at Open.
+// the embedded default; OpenSQLite) and PostgreSQL (pgx's database/sql
+// driver; OpenPostgres, selected by TALKIDE_DATABASE_URL), with the same
+// portable SQL migrations applied by goose at open, plus the budget's
+// PL/pgSQL functions on PostgreSQL (pgsql/, a Go migration that is a no-op
+// on SQLite). The tests run as one conformance suite on both.
 //
 // Main types: DB (an open database with its dialect) and the record types
 // User, Conversation, IdentityToken. It does not hash tokens or decide
