@@ -68,8 +68,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.S
 
 // user authenticates the browser request's bearer token.
 func (s *Server) user(r *http.Request) (controlstore.User, error) {
-	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || raw == "" {
+	raw := httpapi.BearerToken(r)
+	if raw == "" {
 		return controlstore.User{}, httpapi.Unauthorized("missing bearer token (Authorization: Bearer <user token>)", nil)
 	}
 	u, err := s.db.UserByTokenHash(r.Context(), HashUserToken(raw))

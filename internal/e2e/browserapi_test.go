@@ -35,6 +35,7 @@ func TestBrowserAPIRefusals(t *testing.T) {
 		{"bad client message id", p.UserToken, "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"hi","client_message_id":"a/b"}`, 400, contract.ErrTypeInvalidRequest},
 		{"oversized text", p.UserToken, "POST", "/api/conversations/" + conv + "/messages", json, `{"text":"` + strings.Repeat("x", contract.MaxMessageBytes+1) + `"}`, 413, contract.ErrTypeTooLarge},
 		{"bad Last-Event-ID", p.UserToken, "GET", "/api/conversations/" + conv + "/stream?after=x", "", "", 400, contract.ErrTypeInvalidRequest},
+		{"Last-Event-ID beyond the newest event", p.UserToken, "GET", "/api/conversations/" + conv + "/stream?after=100", "", "", 400, contract.ErrTypeInvalidRequest},
 		{"unknown endpoint", p.UserToken, "GET", "/api/nothing", "", "", 404, contract.ErrTypeNotFound},
 	}
 	for _, tc := range cases {

@@ -108,12 +108,12 @@ func TestLocalProxyThroughRealControlPlane(t *testing.T) {
 		t.Errorf("upstream URL: got %s?%s, want /v1/messages?beta=true", recs[0].Path, recs[0].Query)
 	}
 	want := func() budget.NanoUSD {
-		p, _ := budget.DefaultPrices().PriceFor("claude-sonnet-4-5-20250929")
+		p, _ := budget.DefaultPrices().PriceFor("claude-sonnet-4-5-20250929", time.Now())
 		return p.Cost(anthropic.Usage{InputTokens: 100, OutputTokens: 20})
 	}()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		sp, err := svc.Spend(ctx, "alice")
+		sp, err := svc.Spend(ctx, "alice", "demo")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -186,8 +186,8 @@ func (s *Server) authorized(conv string, r *http.Request) bool {
 		return false
 	}
 	got := r.Header.Get("X-Api-Key")
-	if auth := r.Header.Get("Authorization"); strings.HasPrefix(auth, "Bearer ") {
-		got = strings.TrimPrefix(auth, "Bearer ")
+	if b := httpapi.BearerToken(r); b != "" {
+		got = b
 	}
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }

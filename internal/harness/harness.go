@@ -478,6 +478,9 @@ func (h *Harness) Follow(ctx context.Context, conv string, after int64, heartbea
 		s.mu.Unlock()
 		s.maybeUnload()
 	}()
+	if last := s.log.LastID(); after > last {
+		return fmt.Errorf("%w: Last-Event-ID %d is beyond the newest event %d of this conversation", ErrInvalid, after, last)
+	}
 	if err := onStart(); err != nil {
 		return err
 	}

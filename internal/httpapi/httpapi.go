@@ -269,3 +269,14 @@ func (p *statusProbe) WriteHeader(status int) {
 		p.status = status
 	}
 }
+
+// BearerToken returns the credential of an "Authorization: Bearer <token>"
+// header (the scheme is case-insensitive, RFC 9110 §11.1), or "" when there
+// is none.
+func BearerToken(r *http.Request) string {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
+}

@@ -123,3 +123,18 @@ func TestRoutesJSONFallbacks(t *testing.T) {
 		}
 	}
 }
+
+func TestBearerToken(t *testing.T) {
+	for h, want := range map[string]string{
+		"Bearer abc": "abc", "bearer abc": "abc", "BEARER  abc ": "abc",
+		"Basic abc": "", "Bearer": "", "": "", "abc": "",
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		if h != "" {
+			r.Header.Set("Authorization", h)
+		}
+		if got := BearerToken(r); got != want {
+			t.Errorf("BearerToken(%q) = %q, want %q", h, got, want)
+		}
+	}
+}

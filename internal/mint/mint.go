@@ -12,7 +12,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -87,8 +86,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) mint(w http.ResponseWriter, r *http.Request) error {
-	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || raw == "" {
+	raw := httpapi.BearerToken(r)
+	if raw == "" {
 		return httpapi.Unauthorized("missing identity token (Authorization: Bearer)", nil)
 	}
 	id, err := h.identity.Verify(raw)

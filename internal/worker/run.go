@@ -134,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SessionDir == "" {
 		c.SessionDir = "/data/claude"
+		if _, err := os.Stat(c.SessionDir); err != nil {
+			errs = append(errs, errors.New("set TALKIDE_SESSION_DIR: the default session volume /data/claude does not exist (mount the claude-sessions volume there)"))
+		}
 	}
 	if c.ClaudeConfigDir == "" {
 		c.ClaudeConfigDir = filepath.Join(c.SessionDir, "claude-config")
