@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/talkide/talkide/internal/controlstore"
@@ -111,6 +112,18 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	unlock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// A port already taken would leave the control plane restarting in a
+	// loop behind a banner that points at someone else's server.
+	if ln, err := net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return fmt.Errorf("the control plane's address %s is in use (another TalkIDE run, or another program): stop it or set TALKIDE_HTTP_ADDR: %w", cfg.HTTPAddr, err)
+	} else {
+		ln.Close()
+	}
 	master, err := loadOrCreateMaster(filepath.Join(cfg.StateDir, "master.key"))
 	if err != nil {
 		return err
@@ -139,7 +152,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cpURL := "http://" + cfg.HTTPAddr
 
 	var procs []*proc
-	upstream, upstreamNote := cfg.UpstreamURL, "the Anthropic API (ANTHROPIC_API_KEY is set)"
+	upstream, upstreamNote := cfg.UpstreamURL, cfg.UpstreamURL+" (ANTHROPIC_API_KEY is set)"
 	if cfg.APIKey == "" {
 		devAddr, err := freeAddr()
 		if err != nil {
@@ -189,7 +202,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer close(done)
 		supervise(ctx, procs)
 	}()
-	if err := waitHealthy(ctx, cpURL+"/healthz", 90*time.Second); err != nil {
+	if err := waitHealthy(ctx, cpURL+"/healthz", 90*time.Second, procs); err != nil {
 		cancel()
 		<-done
 		return fmt.Errorf("platform did not become healthy (see %s): %w", filepath.Join(cfg.StateDir, "logs"), err)
@@ -259,11 +272,19 @@ func issueIdentity(ctx context.Context, dbPath string, master token.MasterKey, t
 	return mint.New(db, master, slog.New(slog.DiscardHandler)).IssueIdentity(ctx, tenant, env, 0)
 }
 
-func waitHealthy(ctx context.Context, url string, limit time.Duration) error {
+// waitHealthy polls url until it answers 200. It gives up early when a
+// process keeps dying before the platform is up, naming it and quoting the
+// end of its log.
+func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*proc) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var last error
 	for {
+		for _, p := range procs {
+			if n := p.exits.Load(); n >= 3 {
+				return fmt.Errorf("%s exited %d times while starting; the end of %s:\n%s", p.name, n, p.logPath, tail(p.logPath, 15))
+			}
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
@@ -280,4 +301,28 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// lockStateDir takes an exclusive lock on the state dir (a local directory,
+// so flock is reliable here), so two runs never share one session volume.
+func lockStateDir(dir string) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(dir, "run.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another TalkIDE run uses the state dir %s (stop it, or set TALKIDE_STATE_DIR to another directory)", dir)
+	}
+	return func() { f.Close() }, nil
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

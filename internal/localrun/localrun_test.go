@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -251,4 +252,33 @@ func waitToolResult(t *testing.T, base, tok, conv, marker string) string {
 	}
 	t.Fatalf("no tool result with %q", marker)
 	return ""
+}
+
+// TestRunRefusesATakenAddressAndAStateDirInUse guards against a run that
+// prints a banner while its control plane cannot bind, and against two runs
+// sharing one state dir (two workers on one session volume).
+func TestRunRefusesATakenAddressAndAStateDirInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out := &syncBuffer{}
+	err = Run(context.Background(), Config{StateDir: t.TempDir(), HTTPAddr: ln.Addr().String(), BinDir: t.TempDir(), Out: out, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "TALKIDE_HTTP_ADDR") {
+		t.Errorf("taken address: got %v, want an error naming TALKIDE_HTTP_ADDR", err)
+	}
+	if strings.Contains(out.String(), "TalkIDE is running") {
+		t.Error("banner printed although the platform cannot run")
+	}
+	state := t.TempDir()
+	unlock, err := lockStateDir(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	err = Run(context.Background(), Config{StateDir: state, HTTPAddr: "127.0.0.1:0", BinDir: t.TempDir(), Out: out, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "another TalkIDE run uses the state dir") {
+		t.Errorf("state dir in use: got %v", err)
+	}
 }

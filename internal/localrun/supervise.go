@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -18,6 +19,8 @@ type proc struct {
 	env     []string
 	logPath string
 	log     *slog.Logger
+	// exits counts how often the process ended on its own.
+	exits atomic.Int32
 }
 
 // childEnv returns the parent's environment without any ANTHROPIC_* or
@@ -53,6 +56,7 @@ func (p *proc) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		p.exits.Add(1)
 		if time.Since(started) > 30*time.Second {
 			backoff = time.Second
 		}
