@@ -203,6 +203,8 @@ type Harness struct {
 	closing atomic.Bool
 
 	slots slots
+	// metrics is set by RegisterMetrics.
+	metrics atomic.Pointer[metrics]
 
 	// procs counts goroutines of CLI processes, waited for by Run.
 	procs sync.WaitGroup

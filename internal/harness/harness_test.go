@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
@@ -181,6 +183,8 @@ func mustSend(t *testing.T, h *Harness, conv, id, text string) {
 // session later resumes with its history.
 func TestCapacityQueuesTurnsAndResumesStoppedSessions(t *testing.T) {
 	r := startRig(t, rigOptions{maxProcesses: 2})
+	reg := prometheus.NewRegistry()
+	r.h.RegisterMetrics(reg)
 	convs := []string{"c1", "c2", "c3", "c4", "c5"}
 	logs := map[string]*events{}
 	var maxLive int
@@ -242,6 +246,15 @@ func TestCapacityQueuesTurnsAndResumesStoppedSessions(t *testing.T) {
 	}
 	if resumed == 0 {
 		t.Error("no session was stopped and resumed")
+	}
+	if got := metricValue(t, reg, "talkide_worker_turns_queued_total", nil); got < 3 {
+		t.Errorf("talkide_worker_turns_queued_total = %v, want at least 3", got)
+	}
+	if got := metricValue(t, reg, "talkide_worker_turns_total", map[string]string{"outcome": "completed"}); got != 10 {
+		t.Errorf("talkide_worker_turns_total{outcome=completed} = %v, want 10", got)
+	}
+	if got := metricValue(t, reg, "talkide_worker_cli_processes_max", nil); got != 2 {
+		t.Errorf("talkide_worker_cli_processes_max = %v, want 2", got)
 	}
 	for _, req := range r.upstream.Requests()[before:] {
 		if req.Path != "/v1/messages" || !strings.Contains(string(req.Body), "what did I ask before?") {
@@ -331,4 +344,33 @@ func TestTwoReplicasNeverDriveOneConversation(t *testing.T) {
 	if !history {
 		t.Error("replica b did not resume with replica a's history")
 	}
+}
+
+// metricValue returns the value of the metric name with labels from reg.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return -1
 }

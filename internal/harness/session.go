@@ -83,6 +83,9 @@ func (s *session) emitLocked(t contract.EventType, payload any) {
 		s.h.log.Error("append event", "conversation", s.conv, "type", t, "err", err)
 		return
 	}
+	if m := s.h.metrics.Load(); m != nil {
+		m.observe(ev)
+	}
 	if s.h.cfg.OnEvent != nil {
 		s.h.cfg.OnEvent(ev)
 	}

@@ -3,8 +3,10 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -121,6 +123,17 @@ func TestRollingUpdate(t *testing.T) {
 	old := startReplica(t, "worker-old", vol, upURL, master)
 	next := startReplica(t, "worker-new", vol, upURL, master)
 	ctx := context.Background()
+	resp, err := http.Get(old.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"talkide_worker_cli_processes", "talkide_worker_turns_waiting", "talkide_worker_conversations_loaded"} {
+		if resp.StatusCode != 200 || !strings.Contains(string(metrics), name) {
+			t.Errorf("GET /metrics: status %d, no %s", resp.StatusCode, name)
+		}
+	}
 
 	if _, err := old.client.CreateSession(ctx, "c1", contract.CreateSessionRequest{UserID: "u1"}); err != nil {
 		t.Fatal(err)

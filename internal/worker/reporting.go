@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
@@ -54,7 +56,7 @@ type reporting struct {
 // newReporting sets up reporting for c. Without a control plane
 // (NoOpUpstream) nothing is reported and only project MCP servers are
 // offered.
-func newReporting(c Config, store *sessionstore.Store, log *slog.Logger) (*reporting, error) {
+func newReporting(c Config, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
 	policy := c.MCPPolicy
 	policy.Reserved = append(policy.Reserved, issuemcp.ServerName)
 	r := &reporting{store: store, log: log, mcp: &mcpProvider{policy: policy, log: log},
@@ -65,7 +67,7 @@ func newReporting(c Config, store *sessionstore.Store, log *slog.Logger) (*repor
 	}
 	client := reportclient.New(c.GatewayBaseURL, &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}, nil)
 	dir := filepath.Join(c.SessionDir, "talkide", "outbox")
-	ob, err := outbox.Open(outbox.Config{Dir: dir, Sender: client, Logger: log.With("component", "outbox")})
+	ob, err := outbox.Open(outbox.Config{Dir: dir, Sender: client, Logger: log.With("component", "outbox"), Metrics: outbox.NewMetrics(reg)})
 	if err != nil {
 		return nil, err
 	}

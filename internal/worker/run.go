@@ -15,6 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -229,7 +232,9 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	rep, err := newReporting(c, store, log)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rep, err := newReporting(c, store, log, reg)
 	if err != nil {
 		localLn.Close()
 		return err
@@ -281,8 +286,10 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		localLn.Close()
 		return err
 	}
+	h.RegisterMetrics(reg)
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
 	api.identity = identity.Holder
+	api.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	// Shutdown order: readiness turns false; the harness winds down (running
 	// turns finish or are interrupted, leases released) while the API and

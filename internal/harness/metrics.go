@@ -1,0 +1,56 @@
+package harness
+
+import (
+	"encoding/json"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/talkide/talkide/internal/contract"
+)
+
+// metrics are the harness's Prometheus metrics.
+type metrics struct {
+	turns  *prometheus.CounterVec
+	queued prometheus.Counter
+	events *prometheus.CounterVec
+}
+
+// RegisterMetrics registers the harness's metrics with reg: live CLI
+// processes and their cap, turns waiting for a process, loaded
+// conversations, turns by outcome, queued turns and events by type.
+func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
+	m := &metrics{
+		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_turns_total",
+			Help: "Turns that ended, by outcome (completed, or the turn_failed reason)."}, []string{"outcome"}),
+		queued: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_turns_queued_total",
+			Help: "Turns that had to wait for a free agent process."}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_events_total",
+			Help: "Events stored in conversations' event logs, by type."}, []string{"type"}),
+	}
+	reg.MustRegister(m.turns, m.queued, m.events,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes",
+			Help: "Live Claude Code CLI processes."}, func() float64 { return float64(h.LiveProcesses()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes_max",
+			Help: "The cap on live CLI processes (TALKIDE_MAX_PROCESSES)."}, func() float64 { return float64(h.cfg.MaxProcesses) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_turns_waiting",
+			Help: "Turns waiting for a free agent process."}, func() float64 { return float64(h.WaitingTurns()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_conversations_loaded",
+			Help: "Conversations this replica owns and has loaded."}, func() float64 { return float64(len(h.loaded())) }),
+	)
+	h.metrics.Store(m)
+}
+
+// observe counts a stored event.
+func (m *metrics) observe(ev contract.Event) {
+	m.events.WithLabelValues(string(ev.Type)).Inc()
+	switch ev.Type {
+	case contract.EventTurnCompleted:
+		m.turns.WithLabelValues("completed").Inc()
+	case contract.EventTurnFailed:
+		var f contract.TurnFailed
+		_ = json.Unmarshal(ev.Data, &f)
+		m.turns.WithLabelValues(f.Reason).Inc()
+	case contract.EventTurnQueued:
+		m.queued.Inc()
+	}
+}
