@@ -112,6 +112,10 @@ type Handler struct {
 	m        *Metrics
 	// settles tracks the background debits; Close waits for them.
 	settles sync.WaitGroup
+	// mu guards closed: once Close began, debits run on the caller's
+	// goroutine instead of joining settles.
+	mu     sync.Mutex
+	closed bool
 }
 
 // New returns the gateway-proxy.
@@ -148,8 +152,31 @@ func New(cfg Config) *Handler {
 }
 
 // Close waits until every call's debit is booked (or failed). Call it after
-// the HTTP server stopped serving.
-func (h *Handler) Close() { h.settles.Wait() }
+// the HTTP server stopped serving; a call still finishing after that books
+// its debit before its handler returns.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.settles.Wait()
+}
+
+// background runs f on its own goroutine tracked by settles, or right here
+// once Close began.
+func (h *Handler) background(f func()) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		f()
+		return
+	}
+	h.settles.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.settles.Done()
+		f()
+	}()
+}
 
 // bufferPool recycles the 32 KB copy buffers of relayed answers.
 type bufferPool struct{}
@@ -394,7 +421,7 @@ func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcom
 	if requestID == "" {
 		requestID = c.requestID
 	}
-	h.settles.Go(func() {
+	h.background(func() {
 		d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
 		var err error
 		for attempt := range 3 {

@@ -328,8 +328,15 @@ func TestGatewayConcurrentBrandNewUserOnPostgres(t *testing.T) {
 	}
 	// 30 refusals come back while the admitted calls wait at the upstream.
 	counts := map[int]int{}
+	timeout := time.After(30 * time.Second)
 	for range n - 2 {
-		counts[<-statuses]++
+		select {
+		case st := <-statuses:
+			counts[st]++
+		case <-timeout:
+			close(hold)
+			t.Fatalf("only %v answered while 2 calls are held at the upstream: more than 2 were admitted", counts)
+		}
 	}
 	close(hold)
 	wg.Wait()
