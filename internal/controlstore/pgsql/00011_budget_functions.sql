@@ -3,8 +3,9 @@
 --
 -- talkide_budget_reserve is the UserBudgetService's pre-call check in one
 -- round trip: it locks the user's usage row for the period (SELECT ... FOR
--- UPDATE, taken after an INSERT ... ON CONFLICT DO NOTHING so that a user
--- never seen before is locked too), applies the fair-use window, then
+-- UPDATE; for a user never seen in the period, after an INSERT ... ON
+-- CONFLICT DO NOTHING, so concurrent first calls serialise too), applies the
+-- fair-use window, then
 -- reserves p_amount only if spent + reserved + p_amount stays within the
 -- limit. Concurrent calls of one user are serialised by the row lock, so
 -- admitted spend can never pass the limit.
@@ -30,9 +31,15 @@ BEGIN
             limit_nano := p_default_limit;
         END IF;
     END IF;
-    INSERT INTO budget_usage (user_id, period) VALUES (p_user, p_period) ON CONFLICT DO NOTHING;
     SELECT u.spent_nano, u.reserved_nano INTO v_spent, v_reserved
         FROM budget_usage u WHERE u.user_id = p_user AND u.period = p_period FOR UPDATE;
+    IF NOT FOUND THEN
+        -- A user's first call of the period: concurrent first calls all
+        -- insert; the losers wait for the winner's commit, then lock its row.
+        INSERT INTO budget_usage (user_id, period) VALUES (p_user, p_period) ON CONFLICT DO NOTHING;
+        SELECT u.spent_nano, u.reserved_nano INTO v_spent, v_reserved
+            FROM budget_usage u WHERE u.user_id = p_user AND u.period = p_period FOR UPDATE;
+    END IF;
     committed_nano := v_spent + v_reserved;
     IF p_window_ms > 0 AND (p_max_requests > 0 OR p_max_tokens > 0) THEN
         SELECT count(*), COALESCE(sum(COALESCE(r.tokens, r.tokens_estimate)), 0), min(r.created_at)
