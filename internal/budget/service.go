@@ -150,6 +150,16 @@ type Service struct {
 	log   *slog.Logger
 
 	ops chan *op
+	// conn is a token (capacity 1) held by whoever uses the writer's
+	// connection: the writer goroutine, or a caller leading a batch of
+	// reservations (SQLite; see lead).
+	conn chan struct{}
+	// qmu guards queue, the reservations waiting for a leader.
+	qmu   sync.Mutex
+	queue []*op
+	// connGone is set, holding conn, once the writer closed its
+	// connection for good.
+	connGone bool
 	// dirty is set by the writer after a commit, cleared by the syncer
 	// before it fsyncs the log.
 	dirty    atomic.Bool
@@ -179,7 +189,7 @@ func NewService(db *controlstore.DB, cfg Config) *Service {
 		cfg.Logger = slog.Default()
 	}
 	s := &Service{db: db, cfg: cfg, log: cfg.Logger,
-		ops: make(chan *op, 1024), quit: make(chan struct{}), done: make(chan struct{}),
+		ops: make(chan *op, 1024), conn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		syncDone: make(chan struct{})}
 	s.clock.Store(time.Now)
 	go s.writer()
@@ -255,7 +265,7 @@ func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error)
 	if s.db.Dialect == controlstore.Postgres {
 		err = s.reservePostgres(ctx, r)
 	} else {
-		err = s.run(ctx, &op{reserve: r})
+		err = s.lead(ctx, &op{reserve: r})
 	}
 	if err == nil {
 		err = r.result()
@@ -366,6 +376,40 @@ func (s *Service) run(ctx context.Context, o *op) error {
 	return <-o.done
 }
 
+// lead runs reservation o on SQLite without a hand-off to the writer
+// goroutine: o joins the queue, and whichever caller gets the connection
+// token first commits everything queued, on its own goroutine, in one
+// transaction (group commit: under load one commit serves many calls; alone,
+// a call pays no goroutine switch). A caller whose op another leader took
+// returns as soon as it is done.
+func (s *Service) lead(ctx context.Context, o *op) error {
+	o.ctx, o.done = ctx, make(chan error, 1)
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	s.qmu.Lock()
+	s.queue = append(s.queue, o)
+	s.qmu.Unlock()
+	s.mu.RUnlock()
+	for {
+		select {
+		case err := <-o.done:
+			return err
+		case s.conn <- struct{}{}:
+			s.qmu.Lock()
+			batch := s.queue
+			s.queue = nil
+			s.qmu.Unlock()
+			if len(batch) > 0 {
+				s.commitHeld(batch)
+			}
+			<-s.conn
+		}
+	}
+}
+
 // maxBatch bounds the operations committed in one transaction.
 const maxBatch = 128
 
@@ -374,12 +418,24 @@ const maxBatch = 128
 func (s *Service) writer() {
 	defer close(s.done)
 	defer func() {
+		s.conn <- struct{}{}
+		// Reservations queued before Close but not yet led.
+		s.qmu.Lock()
+		left := s.queue
+		s.queue = nil
+		s.qmu.Unlock()
+		if len(left) > 0 {
+			s.commitHeld(left)
+		}
 		if s.w != nil {
 			for _, st := range s.w.stmts {
 				st.Close()
 			}
 			s.w.conn.Close()
+			s.w = nil
 		}
+		s.connGone = true
+		<-s.conn
 	}()
 	sweep := time.NewTicker(min(s.cfg.ReservationTTL/4, time.Minute))
 	defer sweep.Stop()
@@ -455,10 +511,24 @@ func (s *Service) writer() {
 // others (see writer).
 const SettleDelay = 5 * time.Millisecond
 
-// commit runs ops in one transaction. When any fails, the transaction is
+// commit runs ops in one transaction, holding the connection token.
+func (s *Service) commit(ops []*op) {
+	s.conn <- struct{}{}
+	s.commitHeld(ops)
+	<-s.conn
+}
+
+// commitHeld runs ops in one transaction; the caller holds the connection
+// token. When any fails, the transaction is
 // rolled back and each op is retried in its own, so one bad op cannot fail
 // the others.
-func (s *Service) commit(ops []*op) {
+func (s *Service) commitHeld(ops []*op) {
+	if s.connGone {
+		for _, o := range ops {
+			o.done <- ErrClosed
+		}
+		return
+	}
 	live := ops[:0:0]
 	for _, o := range ops {
 		if err := o.ctx.Err(); err != nil {
