@@ -15,8 +15,8 @@
 // Every reservation, debit, expiry and refund is appended to a ledger that
 // Ledger queries.
 //
-// Two stores, one conformance suite (budget_test.go): SQLite, where one
-// writer goroutine commits budget writes in batches, and PostgreSQL, where
+// Two stores, one conformance suite (budget_test.go): SQLite, where budget
+// writes are committed in batches on one writer connection, and PostgreSQL, where
 // the check is one call of a PL/pgSQL function that locks the user's usage
 // row (controlstore/pgsql). Prices come from a dated PriceTable (price.go,
 // default_prices.json; operators load their own file) keyed by the model the

@@ -137,11 +137,13 @@ type Config struct {
 }
 
 // Service is the UserBudgetService over the control-plane database
-// (SQLite or PostgreSQL). All writes except limit changes go through one
-// writer goroutine that commits them in batches (one transaction, one
-// fsync, for all the calls that arrived together); on PostgreSQL the
-// pre-call check instead runs as one function call on its own connection,
-// serialised per user by a row lock. Safe for concurrent use. Close stops it.
+// (SQLite or PostgreSQL). Budget writes other than limit changes go through
+// one writer connection and are committed in batches: settlements and
+// expiries by the writer goroutine (settlements wait up to SettleDelay for
+// company), SQLite reservations by the first waiting caller (see lead). On
+// PostgreSQL the pre-call check instead runs as one function call on any
+// pooled connection, serialised per user by a row lock. Safe for concurrent
+// use. Close stops it.
 type Service struct {
 	db  *controlstore.DB
 	cfg Config
