@@ -449,10 +449,14 @@ func (s *Service) writer() {
 	settleTimer := time.NewTimer(time.Hour)
 	settleTimer.Stop()
 	flushSettles := func() {
-		if len(settles) > 0 {
-			s.commit(settles)
-			settles = nil
+		// In chunks, handing the connection back in between, so a
+		// reservation never waits behind more than one chunk.
+		for len(settles) > 0 {
+			n := min(len(settles), maxSettleBatch)
+			s.commit(settles[:n])
+			settles = settles[n:]
 		}
+		settles = nil
 	}
 	batch := make([]*op, 0, maxBatch)
 	for {
@@ -482,7 +486,7 @@ func (s *Service) writer() {
 			if len(now) > 0 {
 				s.commit(now)
 			}
-			if len(settles) >= maxBatch {
+			if len(settles) >= maxSettleBatch {
 				settleTimer.Stop()
 				flushSettles()
 			}
@@ -512,6 +516,10 @@ func (s *Service) writer() {
 // SettleDelay is the longest a settlement waits to be committed with
 // others (see writer).
 const SettleDelay = 5 * time.Millisecond
+
+// maxSettleBatch bounds the settlements committed in one transaction (a few
+// milliseconds of work a reservation may wait behind).
+const maxSettleBatch = 32
 
 // commit runs ops in one transaction, holding the connection token.
 func (s *Service) commit(ops []*op) {
