@@ -99,6 +99,21 @@ func (s *Server) conversation(r *http.Request, u controlstore.User) (controlstor
 	return c, err
 }
 
+// ownConversation authenticates the user, loads the conversation of the
+// path (404 unless it is theirs) and returns it with its worker's client.
+func (s *Server) ownConversation(r *http.Request) (controlstore.User, controlstore.Conversation, *workerclient.Client, error) {
+	u, err := s.user(r)
+	if err != nil {
+		return u, controlstore.Conversation{}, nil, err
+	}
+	c, err := s.conversation(r, u)
+	if err != nil {
+		return u, c, nil, err
+	}
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	return u, c, wc, err
+}
+
 // workerError maps a worker client error to a browser API error.
 func workerError(err error) error {
 	var we *workerclient.Error
@@ -206,19 +221,11 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.user(r)
-	if err != nil {
-		return err
-	}
-	c, err := s.conversation(r, u)
+	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
 		return err
 	}
 	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
-	wc, err := s.workers.client(c.Tenant, c.Env)
-	if err != nil {
-		return err
-	}
 	st, err := wc.Status(r.Context(), c.ID)
 	var we *workerclient.Error
 	switch {
@@ -239,11 +246,7 @@ type sendMessageRequest struct {
 }
 
 func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.user(r)
-	if err != nil {
-		return err
-	}
-	c, err := s.conversation(r, u)
+	u, c, wc, err := s.ownConversation(r)
 	if err != nil {
 		return err
 	}
@@ -265,10 +268,6 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 		req.ClientMessageID = uuid.NewString()
 	} else if contract.ValidConversationID(req.ClientMessageID) != nil {
 		return httpapi.BadRequest("client_message_id must be 1-64 characters of [A-Za-z0-9_-]")
-	}
-	wc, err := s.workers.client(c.Tenant, c.Env)
-	if err != nil {
-		return err
 	}
 	var resp contract.SendMessageResponse
 	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
@@ -295,11 +294,7 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 // answerPermission relays the user's answer to a permission request of the
 // agent (permission policy "ask").
 func (s *Server) answerPermission(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.user(r)
-	if err != nil {
-		return err
-	}
-	c, err := s.conversation(r, u)
+	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
 		return err
 	}
@@ -317,10 +312,6 @@ func (s *Server) answerPermission(w http.ResponseWriter, r *http.Request) error 
 	if contract.ValidConversationID(r.PathValue("request_id")) != nil {
 		return httpapi.NotFound("permission request not found")
 	}
-	wc, err := s.workers.client(c.Tenant, c.Env)
-	if err != nil {
-		return err
-	}
 	var res contract.PermissionResolved
 	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
 		var err error
@@ -335,15 +326,7 @@ func (s *Server) answerPermission(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.user(r)
-	if err != nil {
-		return err
-	}
-	c, err := s.conversation(r, u)
-	if err != nil {
-		return err
-	}
-	wc, err := s.workers.client(c.Tenant, c.Env)
+	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
 		return err
 	}
@@ -360,11 +343,7 @@ func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
 // reconnects from the last relayed id while the browser stays connected, so
 // the browser sees every event once, in order.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.user(r)
-	if err != nil {
-		return err
-	}
-	c, err := s.conversation(r, u)
+	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
 		return err
 	}
@@ -375,10 +354,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	after, err := sse.ParseID(last)
 	if err != nil {
 		return httpapi.BadRequest("%v", err)
-	}
-	wc, err := s.workers.client(c.Tenant, c.Env)
-	if err != nil {
-		return err
 	}
 	ctx := r.Context()
 	// Open the first worker stream before answering, so a refusal becomes a
