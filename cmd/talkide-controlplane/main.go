@@ -1,11 +1,7 @@
 // Command talkide-controlplane runs the control plane: the browser
 // conversation API and SSE stream, the mint endpoint and the gateway-proxy.
-//
-//	talkide-controlplane                  serve (configuration from the environment)
-//	talkide-controlplane new-master-key   print a fresh TALKIDE_MASTER_KEYS entry
-//	talkide-controlplane worker-credentials -tenant T -env E
-//	                                      issue an identity token for T/E and print it
-//	                                      with the worker's request key
+// It also has operator commands (new-master-key, worker-credentials,
+// revoke-identity, add-user); `talkide-controlplane help` lists them.
 //
 // Environment: see controlplane.Config and the README.
 package main
@@ -14,6 +10,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -46,20 +43,8 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if len(args) > 0 {
-		switch args[0] {
-		case "new-master-key":
-			mk, err := token.NewMasterKey("k1")
-			if err != nil {
-				return err
-			}
-			fmt.Println(mk.String())
-			return nil
-		case "worker-credentials":
-			return workerCredentials(ctx, args[1:], log)
-		default:
-			return fmt.Errorf("unknown command %q", args[0])
-		}
+	if handled, err := command(ctx, args, os.Stdout, log); handled {
+		return err
 	}
 	cfg, err := configFromEnv(log)
 	if err != nil {
@@ -115,12 +100,15 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-func workerCredentials(ctx context.Context, args []string, log *slog.Logger) error {
+func workerCredentials(ctx context.Context, args []string, out io.Writer, log *slog.Logger) error {
 	fs := flag.NewFlagSet("worker-credentials", flag.ContinueOnError)
 	tenant := fs.String("tenant", "", "tenant")
 	env := fs.String("env", "", "env")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if _, err := controlplane.ParseTenantEnvs(*tenant + "/" + *env); err != nil {
+		return fmt.Errorf("worker-credentials: -tenant and -env: %w", err)
 	}
 	cfg, err := configFromEnv(log)
 	if err != nil {
@@ -135,8 +123,8 @@ func workerCredentials(ctx context.Context, args []string, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	fmt.Printf("TALKIDE_WORKER_IDENTITY_TOKEN=%s\n", idTok)
-	fmt.Printf("TALKIDE_WORKER_REQUEST_KEYS=%s\n", token.FormatKey(cfg.MasterKeys[0].Derive(token.PurposeWorkerRequest, *tenant, *env)))
+	fmt.Fprintf(out, "TALKIDE_WORKER_IDENTITY_TOKEN=%s\n", idTok)
+	fmt.Fprintf(out, "TALKIDE_WORKER_REQUEST_KEYS=%s\n", token.FormatKey(cfg.MasterKeys[0].Derive(token.PurposeWorkerRequest, *tenant, *env)))
 	return nil
 }
 

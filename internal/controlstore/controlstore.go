@@ -18,6 +18,8 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +55,16 @@ var ErrNotFound = errors.New("not found")
 // write transactions take the lock at BEGIN (immediate), which makes
 // check-then-update sequences atomic.
 func OpenSQLite(ctx context.Context, path string) (*DB, error) {
+	// The file holds user token hashes and the ledger: create it (and its
+	// directory) private; SQLite's -wal and -shm files take its mode.
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	if f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o600); err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	} else {
+		f.Close()
+	}
 	dsn := "file:" + path + "?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(FULL)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -60,7 +72,7 @@ func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	}
 	d, err := migrate(ctx, db, SQLite)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	d.Path = path
 	return d, nil

@@ -135,12 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	dbPath := filepath.Join(cfg.StateDir, "controlplane.db")
-	// SQLite creates its file 0644 (and its -wal and -shm files with the same
-	// mode): create it 0600 first.
-	if f, err := os.OpenFile(dbPath, os.O_CREATE|os.O_RDONLY, 0o600); err == nil {
-		f.Close()
-		_ = os.Chmod(dbPath, 0o600)
-	}
+	_ = os.Chmod(dbPath, 0o600) // from runs before controlstore created it private
 	identity, err := issueIdentity(ctx, dbPath, master, cfg.Tenant, cfg.Env)
 	if err != nil {
 		return err

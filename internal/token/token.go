@@ -159,7 +159,8 @@ func FormatKey(k Key) string {
 	return k.ID + ":" + base64.RawURLEncoding.EncodeToString(k.Secret)
 }
 
-// ParseKeys parses a comma-separated list of "<kid>:<base64url secret>".
+// ParseKeys parses a comma-separated list of "<kid>:<base64url secret>";
+// key ids must be distinct.
 func ParseKeys(s string) ([]Key, error) {
 	var keys []Key
 	for part := range strings.SplitSeq(s, ",") {
@@ -169,6 +170,11 @@ func ParseKeys(s string) ([]Key, error) {
 		mk, err := ParseMasterKey(part)
 		if err != nil {
 			return nil, err
+		}
+		for _, k := range keys {
+			if k.ID == mk.ID {
+				return nil, fmt.Errorf("parse keys: key id %q given twice (each key needs its own id)", mk.ID)
+			}
 		}
 		keys = append(keys, Key(mk))
 	}

@@ -235,6 +235,9 @@ func TestParseMasterKey(t *testing.T) {
 	if err != nil || len(keys) != 2 {
 		t.Errorf("ParseKeys: got %d keys, err %v; want 2, nil", len(keys), err)
 	}
+	if _, err := ParseKeys(FormatKey(Key(testMaster(t, "k1"))) + "," + FormatKey(Key(testMaster(t, "k1")))); err == nil {
+		t.Error("ParseKeys accepted two keys with one id (rotation would pick either)")
+	}
 }
 
 func FuzzVerify(f *testing.F) {
