@@ -664,7 +664,7 @@ func TestWorkerPathsDocumented(t *testing.T) {
 		t.Fatalf("Path* constants in package contract %v differ from this test's list %v: add the new path here and to docs/openapi.yaml", inSource, listed)
 	}
 	documented := doc.Paths.Map()
-	covered := map[string]bool{"/healthz": true, "/readyz": true}
+	covered := map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 	for _, p := range workerPaths {
 		switch p.kind {
 		case "endpoint":
