@@ -78,6 +78,10 @@ func start(t *testing.T) *platform {
 	p := &platform{t: t, userToken: "tk_chaos_" + token.NewID(), sessionDir: filepath.Join(dir, "sessions"),
 		tmpDir: filepath.Join(dir, "cli-tmp"), workerBin: bin, done: make(chan struct{})}
 	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("CHAOS_DEBUG") != "" {
+		f, _ := os.Create("/tmp/chaos-cp.log")
+		log = slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 
 	p.upstream = devupstream.New(devupstream.Config{MaxRecorded: 1 << 20})
 	up := httptest.NewServer(p.upstream)
@@ -91,6 +95,9 @@ func start(t *testing.T) *platform {
 	dbPath := filepath.Join(dir, "cp.db")
 	cfg := controlplane.Config{DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL,
 		WorkerURLTemplate: "http://" + wAddr, DevUserToken: p.userToken, Logger: log}
+	// One user runs all conversations at machine speed: the fair-use limit
+	// (requests per minute) would throttle the test, not test the worker.
+	cfg.FairUse.Window = -1
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -335,21 +342,47 @@ func TestChaos(t *testing.T) {
 	var firstMu sync.Mutex
 	firstDone := map[string]string{}
 	var killed atomic.Int64
+	startAt := time.Now()
 	stopKilling := make(chan struct{})
 	killerDone := make(chan struct{})
 	go func() {
 		defer close(killerDone)
+		// Kill at random moments (early in a turn: starting the CLI, in the
+		// model call; late: in a tool, writing events), but only after the
+		// platform made progress since the last kill (a turn completed), so
+		// that a slow machine still gets turns done between kills; before
+		// the first kill every conversation completes a turn.
+		lastCompleted := int64(0)
 		for killed.Load() < int64(*kills) {
+			deadline := time.Now().Add(3 * time.Minute)
+			for {
+				firstMu.Lock()
+				everyone := len(firstDone) == len(ids)
+				firstMu.Unlock()
+				if completed.Load() > lastCompleted && (killed.Load() > 0 || everyone) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("no turn completed for 3 minutes after kill %d", killed.Load())
+					return
+				}
+				select {
+				case <-stopKilling:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
 			select {
 			case <-stopKilling:
 				return
-			// Random moments, some early in a turn (starting the CLI, in
-			// the model call), some late (in a tool, writing events), and
-			// gaps long enough for turns to complete in between.
-			case <-time.After(time.Duration(300+rand.IntN(3000)) * time.Millisecond):
+			case <-time.After(time.Duration(rand.IntN(2500)) * time.Millisecond):
 			}
+			lastCompleted = completed.Load()
 			p.kill()
 			killed.Add(1)
+			if os.Getenv("CHAOS_DEBUG") != "" {
+				t.Logf("kill %d at %s (completed %d)", killed.Load(), time.Since(startAt).Round(time.Millisecond), lastCompleted)
+			}
 		}
 	}()
 

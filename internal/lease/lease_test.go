@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,34 +44,14 @@ func fileBackend() backend {
 	}
 }
 
-// kubeBackend uses the fake clientset with a reactor that enforces
-// resourceVersion on updates, as the API server does.
+// kubeBackend uses the fake clientset with reactors that keep the leases
+// themselves and enforce resourceVersion on update and uniqueness on create,
+// as the API server does (the fake's own tracker checks neither).
 func kubeBackend() backend {
 	var cs *fake.Clientset
 	var once sync.Once
 	return func(t *testing.T, id Identity, c *clock) Manager {
-		once.Do(func() {
-			cs = fake.NewClientset()
-			var mu sync.Mutex
-			cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				obj := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
-				gvr := schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
-				stored, err := cs.Tracker().Get(gvr, obj.Namespace, obj.Name)
-				if err != nil {
-					return true, nil, err
-				}
-				if stored.(*coordinationv1.Lease).ResourceVersion != obj.ResourceVersion {
-					return true, nil, apierrors.NewConflict(gvr.GroupResource(), obj.Name, errors.New("resourceVersion changed"))
-				}
-				if err := cs.Tracker().Update(gvr, obj, obj.Namespace); err != nil {
-					return true, nil, err
-				}
-				updated, err := cs.Tracker().Get(gvr, obj.Namespace, obj.Name)
-				return true, updated, err
-			})
-		})
+		once.Do(func() { cs = newLeaseAPI() })
 		m, err := NewKubeManager(cs, "acme-dev", Config{Identity: id, Duration: 10 * time.Second, Skew: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -78,6 +59,55 @@ func kubeBackend() backend {
 		m.now = c.now
 		return m
 	}
+}
+
+// newLeaseAPI returns a clientset whose leases live in a map guarded by a
+// mutex, with optimistic concurrency on resourceVersion.
+func newLeaseAPI() *fake.Clientset {
+	cs := fake.NewClientset()
+	var mu sync.Mutex
+	store := map[string]*coordinationv1.Lease{}
+	version := 0
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	cs.PrependReactor("get", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		name := a.(k8stesting.GetAction).GetName()
+		l, ok := store[name]
+		if !ok {
+			return true, nil, apierrors.NewNotFound(gr, name)
+		}
+		return true, l.DeepCopy(), nil
+	})
+	cs.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		if _, ok := store[l.Name]; ok {
+			return true, nil, apierrors.NewAlreadyExists(gr, l.Name)
+		}
+		version++
+		l.ResourceVersion = strconv.Itoa(version)
+		store[l.Name] = l
+		return true, l.DeepCopy(), nil
+	})
+	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		cur, ok := store[l.Name]
+		if !ok {
+			return true, nil, apierrors.NewNotFound(gr, l.Name)
+		}
+		if cur.ResourceVersion != l.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gr, l.Name, errors.New("the object has been modified"))
+		}
+		version++
+		l.ResourceVersion = strconv.Itoa(version)
+		store[l.Name] = l
+		return true, l.DeepCopy(), nil
+	})
+	return cs
 }
 
 func TestConformance(t *testing.T) {
