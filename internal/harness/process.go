@@ -292,8 +292,10 @@ func (s *session) startLocked() (*process, error) {
 		} else {
 			s.h.log.Info("claude code exited", "conversation", s.conv, "exit_code", p.exitCode, "reason", p.stopReason())
 		}
-		close(p.done)
+		// exited before done: whoever waits for the process to end (Stop)
+		// then sees the session without it.
 		s.exited(p)
+		close(p.done)
 	}()
 	return p, nil
 }
