@@ -61,6 +61,10 @@ func TestRetriedSendRunsOnceAndStreamResumes(t *testing.T) {
 	if st := p.Do("POST", "/api/conversations/"+conv+"/messages", body, &second); st != http.StatusAccepted || !second.Duplicate {
 		t.Fatalf("retried send: %d %+v, want 202 duplicate", st, second)
 	}
+	other := map[string]string{"text": "something else entirely", "client_message_id": "msg-1"}
+	if st := p.Do("POST", "/api/conversations/"+conv+"/messages", other, nil); st != http.StatusConflict {
+		t.Errorf("the same client_message_id with another text: status %d, want 409 (not a silent duplicate)", st)
+	}
 	s := p.OpenStream(conv, 0)
 	s.Until(60*time.Second, platformtest.TurnEnd)
 	all := s.Events

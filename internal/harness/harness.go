@@ -170,6 +170,8 @@ var (
 	ErrUserMismatch = errors.New("conversation belongs to another user")
 	// ErrInvalid: the request is malformed (the message says how).
 	ErrInvalid = errors.New("invalid request")
+	// ErrConflict: a client message id was reused for another text.
+	ErrConflict = errors.New("conflict")
 	// ErrTooLarge: the message text is over contract.MaxMessageBytes.
 	ErrTooLarge = errors.New("message too large")
 	// ErrNotOwner: another live replica owns the conversation; NotOwnerError

@@ -109,12 +109,15 @@ func (s *session) enqueueLocked(req contract.SendMessageRequest) (contract.SendM
 		return contract.SendMessageResponse{}, ErrUserMismatch
 	}
 	resp := contract.SendMessageResponse{ClientMessageID: req.ClientMessageID}
-	if s.meta.HasAccepted(req.ClientMessageID) {
+	if seen, same := s.meta.HasAccepted(req.ClientMessageID, req.Text); seen {
+		if !same {
+			return contract.SendMessageResponse{}, fmt.Errorf("%w: client_message_id %s was used for another text", ErrConflict, req.ClientMessageID)
+		}
 		resp.Duplicate = true
 		return resp, nil
 	}
 	prev := *s.meta
-	s.meta.Accept(req.ClientMessageID)
+	s.meta.Accept(req.ClientMessageID, req.Text)
 	s.meta.Stopped = false
 	s.meta.Pending = append(s.meta.Pending, sessionstore.PendingMessage{
 		ClientMessageID: req.ClientMessageID, Text: req.Text, AcceptedAt: time.Now().UTC(),

@@ -1,12 +1,15 @@
 package sessionstore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -96,19 +99,31 @@ type ProcessInfo struct {
 // that many messages would run again.
 const MaxAcceptedMessages = 10000
 
-// HasAccepted reports whether the client message id was accepted before.
-func (m *Meta) HasAccepted(id string) bool {
-	for i := len(m.AcceptedMessages) - 1; i >= 0; i-- {
-		if m.AcceptedMessages[i] == id {
-			return true
-		}
-	}
-	return false
+// Each AcceptedMessages entry is "<client message id> <text digest>" (just
+// the id in entries of older workers).
+
+func textDigest(text string) string {
+	sum := sha256.Sum256([]byte(text))
+	return hex.EncodeToString(sum[:8])
 }
 
-// Accept records a client message id.
-func (m *Meta) Accept(id string) {
-	m.AcceptedMessages = append(m.AcceptedMessages, id)
+// HasAccepted reports whether the client message id was accepted before
+// and, if so, whether with the same text (true when the entry predates
+// digests).
+func (m *Meta) HasAccepted(id, text string) (seen, sameText bool) {
+	for i := len(m.AcceptedMessages) - 1; i >= 0; i-- {
+		e := m.AcceptedMessages[i]
+		gotID, digest, hasDigest := strings.Cut(e, " ")
+		if gotID == id {
+			return true, !hasDigest || digest == textDigest(text)
+		}
+	}
+	return false, false
+}
+
+// Accept records a client message id with its text's digest.
+func (m *Meta) Accept(id, text string) {
+	m.AcceptedMessages = append(m.AcceptedMessages, id+" "+textDigest(text))
 	if n := len(m.AcceptedMessages) - MaxAcceptedMessages; n > 0 {
 		m.AcceptedMessages = append([]string(nil), m.AcceptedMessages[n:]...)
 	}

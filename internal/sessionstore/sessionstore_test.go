@@ -31,7 +31,7 @@ func TestMetaRoundTripAndVersion(t *testing.T) {
 		t.Fatalf("missing: got %v, want ErrNotFound", err)
 	}
 	m := &Meta{ConversationID: "c1", UserID: "u", SessionID: "s", WorkDir: "/w"}
-	m.Accept("m1")
+	m.Accept("m1", "hello")
 	if err := s.SaveMeta(m); err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +39,14 @@ func TestMetaRoundTripAndVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.SessionID != "s" || !got.HasAccepted("m1") || got.HasAccepted("m2") {
+	if seen, same := got.HasAccepted("m1", "hello"); got.SessionID != "s" || !seen || !same {
 		t.Errorf("got %+v", got)
+	}
+	if seen, same := got.HasAccepted("m1", "something else"); !seen || same {
+		t.Errorf("m1 with another text: seen %v same %v, want true false", seen, same)
+	}
+	if seen, _ := got.HasAccepted("m2", "hello"); seen {
+		t.Error("m2 reported as accepted")
 	}
 	st, _ := os.Stat(filepath.Join(s.Dir("c1"), "state.json"))
 	if st.Mode().Perm() != 0o600 {
@@ -59,7 +65,7 @@ func TestMetaRoundTripAndVersion(t *testing.T) {
 func TestAcceptedMessagesBounded(t *testing.T) {
 	var m Meta
 	for i := 0; i < MaxAcceptedMessages+5; i++ {
-		m.Accept(string(rune('a'+i%26)) + time.Duration(i).String())
+		m.Accept(string(rune('a'+i%26))+time.Duration(i).String(), "x")
 	}
 	if len(m.AcceptedMessages) != MaxAcceptedMessages {
 		t.Errorf("got %d ids, want %d", len(m.AcceptedMessages), MaxAcceptedMessages)
