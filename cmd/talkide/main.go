@@ -37,10 +37,16 @@ func run(ctx context.Context, args []string) error {
 	if err := sandbox.Harden(); err != nil {
 		return err
 	}
-	var workerEnv []string
-	for _, name := range []string{"TALKIDE_MODEL", "TALKIDE_PERMISSION_MODE", "TALKIDE_IDLE_TIMEOUT", "TALKIDE_CLI_EXTRA_ENV", "TALKIDE_CLAUDE_BIN"} {
-		if v := os.Getenv(name); v != "" {
-			workerEnv = append(workerEnv, name+"="+v)
+	// Every TALKIDE_* setting of the user reaches the control plane and the
+	// worker (the launcher's own ones are handled here).
+	var extra []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case !strings.HasPrefix(name, "TALKIDE_"):
+		case name == "TALKIDE_STATE_DIR", name == "TALKIDE_HTTP_ADDR", name == "TALKIDE_DEV_USER_TOKEN":
+		default:
+			extra = append(extra, kv)
 		}
 	}
 	return localrun.Run(ctx, localrun.Config{
@@ -49,7 +55,7 @@ func run(ctx context.Context, args []string) error {
 		APIKey:       os.Getenv("ANTHROPIC_API_KEY"),
 		UpstreamURL:  strings.TrimRight(os.Getenv("ANTHROPIC_BASE_URL"), "/"),
 		DevUserToken: os.Getenv("TALKIDE_DEV_USER_TOKEN"),
-		WorkerEnv:    workerEnv,
+		ExtraEnv:     extra,
 		Logger:       slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 }

@@ -98,6 +98,7 @@ func start(t *testing.T) *platform {
 	// One user runs all conversations at machine speed: the fair-use limit
 	// (requests per minute) would throttle the test, not test the worker.
 	cfg.FairUse.Window = -1
+	cfg.DefaultUserLimit = 1_000_000 * 1_000_000_000 // a million dollars: a long run must not exhaust it
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +399,7 @@ func TestChaos(t *testing.T) {
 					return
 				default:
 				}
+				time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond) // a person types between turns
 				msgID := fmt.Sprintf("m%d", k)
 				text := fmt.Sprintf("please run `echo chaos-%d-%d`", ci, k)
 				if k%3 == 2 {

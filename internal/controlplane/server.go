@@ -129,7 +129,7 @@ func workerError(err error) error {
 		case we.Status >= 500:
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
-		return httpapi.Wrap(we.Status, we.Type, "worker: "+we.Msg, err)
+		return httpapi.Wrap(we.Status, we.Type, we.Msg, err)
 	case errors.Is(err, workerclient.ErrUnavailable):
 		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err)
 	}

@@ -162,8 +162,8 @@ func TestInterruptStopsAStreamingTurn(t *testing.T) {
 		t.Fatal("interrupt never found a running turn")
 	}
 	end := s.Until(30*time.Second, platformtest.TurnEnd)
-	if f := platformtest.Payload[contract.TurnFailed](t, end); end.Type != contract.EventTurnFailed || f.Reason != contract.FailInterrupted {
-		t.Fatalf("got %s %s, want turn_failed interrupted", end.Type, end.Data)
+	if f := platformtest.Payload[contract.TurnFailed](t, end); end.Type != contract.EventTurnFailed || f.Reason != contract.FailInterrupted || strings.Contains(f.Message, "diagnostic") {
+		t.Fatalf("got %s %s, want turn_failed interrupted with a message for people", end.Type, end.Data)
 	}
 	p.Send(conv, "please run `echo after-interrupt`")
 	end = s.Until(60*time.Second, platformtest.TurnEnd)

@@ -28,9 +28,14 @@ const (
 	PolicyAsk   = "ask"
 )
 
-// ErrPermissionResolved: the permission request was already answered,
-// timed out, or its turn ended.
-var ErrPermissionResolved = errors.New("permission request already resolved")
+// Errors of AnswerPermission.
+var (
+	// ErrPermissionResolved: the permission request was already answered,
+	// timed out, or its turn ended.
+	ErrPermissionResolved = errors.New("permission request already resolved")
+	// ErrPermissionNotFound: the conversation has no such request.
+	ErrPermissionNotFound = errors.New("permission request not found")
+)
 
 // maxResolved bounds the remembered ids of resolved requests (for 409s).
 const maxResolved = 256
@@ -180,8 +185,8 @@ func (s *session) continueAfterCrashLocked(t *sessionstore.PendingMessage) bool 
 }
 
 // AnswerPermission answers permission request id of conv ("allow" or
-// "deny"). Errors: ErrInvalid (bad behavior), ErrNotFound (unknown request
-// or conversation), ErrPermissionResolved (already answered, timed out, or
+// "deny"). Errors: ErrInvalid (bad behavior), ErrNotFound (unknown
+// conversation), ErrPermissionNotFound, ErrPermissionResolved (already answered, timed out, or
 // its turn ended), *NotOwnerError, ErrUnavailable.
 func (h *Harness) AnswerPermission(conv, id string, a contract.PermissionAnswer) (contract.PermissionResolved, error) {
 	if a.Behavior != "allow" && a.Behavior != "deny" {
@@ -199,7 +204,7 @@ func (h *Harness) AnswerPermission(conv, id string, a contract.PermissionAnswer)
 			if i >= 0 {
 				return ErrPermissionResolved
 			}
-			return fmt.Errorf("%w: no permission request %s", ErrNotFound, id)
+			return ErrPermissionNotFound
 		}
 		msg := a.Message
 		if msg == "" {

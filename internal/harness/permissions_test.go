@@ -88,8 +88,8 @@ func TestPermissionRequests(t *testing.T) {
 			}
 		})
 	}
-	if _, err := r.h.AnswerPermission("allow", "perm_nope", contract.PermissionAnswer{Behavior: "allow"}); !errors.Is(err, ErrNotFound) {
-		t.Errorf("unknown request: got %v, want ErrNotFound", err)
+	if _, err := r.h.AnswerPermission("allow", "perm_nope", contract.PermissionAnswer{Behavior: "allow"}); !errors.Is(err, ErrPermissionNotFound) {
+		t.Errorf("unknown request: got %v, want ErrPermissionNotFound", err)
 	}
 	if _, err := r.h.AnswerPermission("allow", "perm_nope", contract.PermissionAnswer{Behavior: "maybe"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad behavior: got %v, want ErrInvalid", err)
@@ -171,5 +171,50 @@ func TestInterruptBeforeTheCLIStarted(t *testing.T) {
 	}
 	if ok, _ := r.h.Interrupt("c"); ok {
 		t.Error("interrupt with no running turn reported a running turn")
+	}
+}
+
+// TestTurnCostAfterACrash guards against per-turn costs measured from the
+// wrong base after a crash: the resumed CLI counts from the transcript's
+// last cost-state, not from the last total the worker saw.
+func TestTurnCostAfterACrash(t *testing.T) {
+	vol := t.TempDir()
+	up := devupstream.New(devupstream.Config{})
+	a := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up})
+	mustCreate(t, a.h, "c")
+	ea := a.follow(t, "c")
+	mustSend(t, a.h, "c", "m1", "hello there")
+	first, _ := waitEvent(t, ea, contract.EventTurnCompleted, 0, 60*time.Second)
+	// A clean stop writes a cost-state record; the crash below writes none,
+	// so the transcript's last one is older than the worker's last total.
+	if _, err := a.h.Stop("c"); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a.h, "c", "m2", "hello again")
+	var second contract.Event
+	waitFor(t, "second turn", 60*time.Second, func() bool {
+		n := 0
+		for _, ev := range ea.snapshot() {
+			if ev.Type == contract.EventTurnCompleted {
+				n++
+				second = ev
+			}
+		}
+		return n == 2
+	})
+	for _, s := range a.h.loaded() {
+		s.lose() // a crash: no clean exit, so no new cost-state record
+	}
+	a.stop()
+	b := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up})
+	eb := b.follow(t, "c")
+	mustSend(t, b.h, "c", "m3", "and once more")
+	third, _ := waitEvent(t, eb, contract.EventTurnCompleted, len(ea.snapshot()), 60*time.Second)
+	c1 := payload[contract.TurnCompleted](t, first).CostNanoUSD
+	c2 := payload[contract.TurnCompleted](t, second).CostNanoUSD
+	c3 := payload[contract.TurnCompleted](t, third).CostNanoUSD
+	// The three turns send about the same tokens; the third a bit more.
+	if c1 <= 0 || c2 < c1/2 || c3 < c1/2 || c3 > 3*c1 {
+		t.Errorf("turn costs %d, %d, %d nano-USD: want each close to the first", c1, c2, c3)
 	}
 }

@@ -194,6 +194,13 @@ func (s *session) pumpLocked() {
 // --session-id for an id in use).
 func (s *session) resumeModeLocked() (resume bool) {
 	path, hasTurn := transcriptState(s.h.cfg.ConfigDir, s.meta.SessionID)
+	// The CLI's cumulative cost starts from the transcript's last cost-state
+	// record (written when a process ends cleanly; a crash leaves an older
+	// one), so per-turn costs are measured from there.
+	s.meta.CLITotalCostUSD = 0
+	if hasTurn {
+		s.meta.CLITotalCostUSD = lastCostState(path)
+	}
 	switch {
 	case hasTurn:
 		return true
@@ -204,6 +211,31 @@ func (s *session) resumeModeLocked() (resume bool) {
 		_ = s.saveLocked()
 	}
 	return false
+}
+
+// lastCostState returns totalCostUSD of the last cost-state record of a
+// transcript, 0 when it has none.
+func lastCostState(path string) float64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndex(b, []byte(`"type":"cost-state"`))
+	if i < 0 {
+		return 0
+	}
+	start := bytes.LastIndexByte(b[:i], '\n') + 1
+	end := bytes.IndexByte(b[i:], '\n')
+	if end < 0 {
+		end = len(b) - i
+	}
+	var rec struct {
+		TotalCostUSD float64 `json:"totalCostUSD"`
+	}
+	if json.Unmarshal(b[start:i+end], &rec) != nil {
+		return 0
+	}
+	return rec.TotalCostUSD
 }
 
 // transcriptState finds the transcript of a session id under
@@ -328,6 +360,9 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 			}
 		case strings.HasPrefix(r.TerminalReason, "aborted"):
 			f.Reason = contract.FailInterrupted
+			// The CLI's result holds diagnostics ("[ede_diagnostic] ..."),
+			// not words for the user.
+			f.Message = "the turn was interrupted"
 		case r.Subtype == "error_max_turns" || r.TerminalReason == "max_turns":
 			f.Reason = contract.FailMaxTurns
 		default:

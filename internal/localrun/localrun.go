@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -51,9 +52,11 @@ type Config struct {
 	DevUserToken string
 	// Tenant and Env of the one worker. Default demo / dev.
 	Tenant, Env string
-	// WorkerEnv are extra environment entries for the worker (e.g.
-	// TALKIDE_MODEL=..., TALKIDE_IDLE_TIMEOUT=...).
-	WorkerEnv []string
+	// ExtraEnv are the user's own TALKIDE_* settings (e.g.
+	// TALKIDE_PERMISSION_POLICY=ask, TALKIDE_ADMIN_TOKEN=...), given to the
+	// control plane and the worker; each reads its own. The run's settings
+	// (addresses, keys, paths) win over them.
+	ExtraEnv []string
 	// Out receives the banner. Default os.Stdout.
 	Out    io.Writer
 	Logger *slog.Logger
@@ -171,17 +174,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.APIKey != "" {
 		cpEnv = append(cpEnv, "ANTHROPIC_API_KEY="+cfg.APIKey) // only the control plane holds the key
 	}
-	procs = append(procs, &proc{name: "controlplane", bin: filepath.Join(cfg.BinDir, "talkide-controlplane"), env: cpEnv})
-	procs = append(procs, &proc{name: "worker", bin: filepath.Join(cfg.BinDir, "talkide-worker"), env: append([]string{
-		"TALKIDE_TENANT=" + cfg.Tenant,
-		"TALKIDE_ENV=" + cfg.Env,
-		"TALKIDE_WORKER_ADDR=" + workerAddr,
-		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, cfg.Tenant, cfg.Env)),
-		"TALKIDE_GATEWAY_BASE_URL=" + cpURL,
-		"TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
-		"TALKIDE_SESSION_DIR=" + filepath.Join(cfg.StateDir, "sessions", cfg.Tenant+"-"+cfg.Env),
-		"TALKIDE_CLI_TMP_DIR=" + filepath.Join(cfg.StateDir, "cli-tmp"),
-	}, cfg.WorkerEnv...)})
+	procs = append(procs, &proc{name: "controlplane", bin: filepath.Join(cfg.BinDir, "talkide-controlplane"), env: append(slices.Clone(cfg.ExtraEnv), cpEnv...)})
+	procs = append(procs, &proc{name: "worker", bin: filepath.Join(cfg.BinDir, "talkide-worker"), env: append(slices.Clone(cfg.ExtraEnv),
+		"TALKIDE_TENANT="+cfg.Tenant,
+		"TALKIDE_ENV="+cfg.Env,
+		"TALKIDE_WORKER_ADDR="+workerAddr,
+		"TALKIDE_WORKER_REQUEST_KEYS="+token.FormatKey(master.Derive(token.PurposeWorkerRequest, cfg.Tenant, cfg.Env)),
+		"TALKIDE_GATEWAY_BASE_URL="+cpURL,
+		"TALKIDE_WORKER_IDENTITY_TOKEN="+identity,
+		"TALKIDE_SESSION_DIR="+filepath.Join(cfg.StateDir, "sessions", cfg.Tenant+"-"+cfg.Env),
+		"TALKIDE_CLI_TMP_DIR="+filepath.Join(cfg.StateDir, "cli-tmp"),
+	)})
 	for _, p := range procs {
 		if _, err := os.Stat(p.bin); err != nil {
 			return fmt.Errorf("%s binary missing (run `make build`): %w", p.name, err)

@@ -61,14 +61,15 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := platformtest.AgentReachableTempDir(t)
+	const adminToken = "admin-token-for-the-smoke-test-0123456789"
 	out := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Config{
 			StateDir: state, HTTPAddr: addr, BinDir: bin, Out: out,
-			WorkerEnv: []string{"TALKIDE_CLAUDE_BIN=" + claude},
-			Logger:    slog.New(slog.DiscardHandler),
+			ExtraEnv: []string{"TALKIDE_CLAUDE_BIN=" + claude, "TALKIDE_ADMIN_TOKEN=" + adminToken},
+			Logger:   slog.New(slog.DiscardHandler),
 		})
 	}()
 	stopped := false
@@ -122,6 +123,15 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	}
 	if st, _ := call("GET", "/healthz", ""); st != 200 {
 		t.Fatalf("healthz: %d", st)
+	}
+	// The user's own TALKIDE_* settings reach the processes: the admin API
+	// is on because TALKIDE_ADMIN_TOKEN was set.
+	areq, _ := http.NewRequest("GET", base+"/api/admin/budget/users/dev", nil)
+	areq.Header.Set("Authorization", "Bearer "+adminToken)
+	if aresp, err := http.DefaultClient.Do(areq); err != nil || aresp.StatusCode != 200 {
+		t.Errorf("admin API with TALKIDE_ADMIN_TOKEN passed to make run: %v %v", aresp, err)
+	} else {
+		aresp.Body.Close()
 	}
 	st, b := call("POST", "/api/conversations", `{"tenant":"demo","env":"dev"}`)
 	var conv struct{ ID string }

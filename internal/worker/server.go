@@ -174,6 +174,8 @@ func mapErr(err error) error {
 		return httpapi.Errorf(http.StatusRequestEntityTooLarge, contract.ErrTypeTooLarge, "%v", err)
 	case errors.Is(err, harness.ErrUserMismatch):
 		return httpapi.Forbidden("conversation belongs to another user", err)
+	case errors.Is(err, harness.ErrPermissionNotFound):
+		return httpapi.NotFound("permission request not found")
 	case errors.Is(err, harness.ErrConflict):
 		return httpapi.Errorf(http.StatusConflict, contract.ErrTypeConflict, "%v", err)
 	case errors.Is(err, harness.ErrPermissionResolved):
