@@ -5,9 +5,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,12 +72,24 @@ func (p *spendParts) close() {
 // register mounts the gateway-proxy, GET /metrics and the budget admin API.
 func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) {
 	mux.Handle(contract.PathGatewayPrefix+"/", p.gateway)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{}))
 	a := &budgetAPI{svc: p.budget, log: log}
 	if cfg.AdminToken != "" {
 		sum := sha256.Sum256([]byte(cfg.AdminToken))
 		a.tokenHash = sum[:]
 	}
+	// The metrics name tenants and their spend: with an admin token they
+	// need it; without one only clients on this host may read them.
+	metrics := promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
+	mux.Handle("GET /metrics", httpapi.Handle(log, func(w http.ResponseWriter, r *http.Request) error {
+		if a.tokenHash != nil {
+			return a.auth(func(w http.ResponseWriter, r *http.Request) error { metrics.ServeHTTP(w, r); return nil })(w, r)
+		}
+		if !fromLoopback(r) {
+			return httpapi.Forbidden("metrics are served to this host only, or with TALKIDE_ADMIN_TOKEN set", nil)
+		}
+		metrics.ServeHTTP(w, r)
+		return nil
+	}))
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(log, a.auth(f)) }
 	mux.Handle("GET /api/admin/budget/users/{user}", h(a.getUser))
 	mux.Handle("PUT /api/admin/budget/users/{user}/limit", h(a.putUserLimit))
@@ -100,9 +112,9 @@ func (a *budgetAPI) auth(next httpapi.HandlerFunc) httpapi.HandlerFunc {
 		if a.tokenHash == nil {
 			return httpapi.Forbidden("the admin API is disabled: set TALKIDE_ADMIN_TOKEN on the control plane", nil)
 		}
-		raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		raw := httpapi.BearerToken(r)
 		sum := sha256.Sum256([]byte(raw))
-		if !ok || subtle.ConstantTimeCompare(sum[:], a.tokenHash) != 1 {
+		if raw == "" || subtle.ConstantTimeCompare(sum[:], a.tokenHash) != 1 {
 			return httpapi.Unauthorized("missing or wrong admin token (Authorization: Bearer <TALKIDE_ADMIN_TOKEN>)", nil)
 		}
 		return next(w, r)
@@ -265,4 +277,14 @@ func (a *budgetAPI) ledger(w http.ResponseWriter, r *http.Request) error {
 	}
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"entries": entries})
 	return nil
+}
+
+// fromLoopback reports whether the request came from this host.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -164,8 +164,12 @@ func TestBudgetAdminAPI(t *testing.T) {
 			if json.Unmarshal(b, &sp); sp.LimitSource != "tenant" {
 				t.Errorf("after clearing: got %s, want the tenant's limit", b)
 			}
-			// Metrics.
-			st, b = f.do(t, "GET", "/metrics", "", "")
+			// Metrics name tenants and spend: with an admin token set they
+			// need it.
+			if st, _ := f.do(t, "GET", "/metrics", "", ""); st != http.StatusUnauthorized {
+				t.Errorf("metrics without the admin token: got %d, want 401", st)
+			}
+			st, b = f.do(t, "GET", "/metrics", adminToken, "")
 			for _, want := range []string{`talkide_gateway_requests_total{code="200",path="/v1/messages"} 1`,
 				`talkide_gateway_denials_total{reason="budget"} 1`, `talkide_gateway_inflight_streams 0`,
 				`talkide_gateway_settlements_total{outcome="complete",result="booked"} 1`, `talkide_gateway_tokens_total{kind="output",model="claude-sonnet-4-5"}`,
