@@ -356,7 +356,9 @@ type ToolCall struct {
 	ToolUseID string          `json:"tool_use_id"`
 	Name      string          `json:"name"`
 	Input     json.RawMessage `json:"input"`
-	// Status is "running" (no result reported yet), "ok" or "error".
+	// Status is "running" (no result reported yet), "ok", "error", or
+	// "interrupted" (no result, and its turn has ended: interrupted or cut
+	// by a worker restart).
 	Status string `json:"status"`
 	Output string `json:"output"`
 	// StartedAt and FinishedAt are the event times; absent when not

@@ -180,6 +180,25 @@ func TestActivityToolCallsAndUsage(t *testing.T) {
 	if len(act.Turns) != 1 || act.Turns[0].Usage.InputTokens != 10 || act.Turns[0].CostNanoUSD != 5 {
 		t.Errorf("turns: %+v", act.Turns)
 	}
+	// A call whose turn ended without its result (a worker restart) is
+	// interrupted, not running forever; one in the running turn is running.
+	if _, err := s.RecordToolEvent(ctx, devScope, contract.ToolEventReport{IdempotencyKey: "c1:8:tool", EventID: 8, Time: at, Phase: contract.ToolPhaseUse, ToolUseID: "t2", Name: "Bash", Input: json.RawMessage(`{}`)}, "e"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RecordUsage(ctx, devScope, contract.UsageReport{IdempotencyKey: "c1:9:usage", EventID: 9, Time: at, ClientMessageID: "m2", Outcome: "worker_restarted"}, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RecordToolEvent(ctx, devScope, contract.ToolEventReport{IdempotencyKey: "c1:11:tool", EventID: 11, Time: at, Phase: contract.ToolPhaseUse, ToolUseID: "t3", Name: "Bash", Input: json.RawMessage(`{}`)}, "g"); err != nil {
+		t.Fatal(err)
+	}
+	act, _ = s.Activity(ctx, "c1", 0, 0)
+	status := map[string]string{}
+	for _, c := range act.ToolCalls {
+		status[c.ToolUseID] = c.Status
+	}
+	if status["t2"] != "interrupted" || status["t3"] != "running" {
+		t.Errorf("tool statuses: %v, want t2 interrupted and t3 running", status)
+	}
 	if other, _ := s.Activity(ctx, "c2", 0, 0); len(other.Activity)+len(other.ToolCalls)+len(other.Turns) != 0 {
 		t.Errorf("another conversation sees %+v", other)
 	}

@@ -432,7 +432,14 @@ func (s *Store) Activity(ctx context.Context, conv string, after int64, limit in
 		return out, fmt.Errorf("read activity: %w", err)
 	}
 
-	rows, err = s.db.SQL.QueryContext(ctx, q(`SELECT tool_use_id, name, input, output, is_error, has_result, started_at, finished_at FROM tool_calls
+	// A call without a result whose turn has ended (a later turn end was
+	// reported) will never get one: the turn was interrupted or the worker
+	// died.
+	var lastTurnEnd sql.NullInt64
+	if err := s.db.SQL.QueryRowContext(ctx, q(`SELECT MAX(event_id) FROM turn_usage WHERE conversation_id = ?`), conv).Scan(&lastTurnEnd); err != nil {
+		return out, fmt.Errorf("read turn usage: %w", err)
+	}
+	rows, err = s.db.SQL.QueryContext(ctx, q(`SELECT tool_use_id, name, input, output, is_error, has_result, started_at, finished_at, first_event_id FROM tool_calls
 		WHERE conversation_id = ? AND first_event_id > ? ORDER BY first_event_id LIMIT ?`), conv, after, limit)
 	if err != nil {
 		return out, fmt.Errorf("read tool calls: %w", err)
@@ -442,7 +449,8 @@ func (s *Store) Activity(ctx context.Context, conv string, after int64, limit in
 		var input string
 		var isErr, hasResult int
 		var started, finished sql.NullInt64
-		if err := rows.Scan(&c.ToolUseID, &c.Name, &input, &c.Output, &isErr, &hasResult, &started, &finished); err != nil {
+		var firstEvent int64
+		if err := rows.Scan(&c.ToolUseID, &c.Name, &input, &c.Output, &isErr, &hasResult, &started, &finished, &firstEvent); err != nil {
 			rows.Close()
 			return out, fmt.Errorf("read tool calls: %w", err)
 		}
@@ -451,6 +459,8 @@ func (s *Store) Activity(ctx context.Context, conv string, after int64, limit in
 			c.Input = json.RawMessage(input)
 		}
 		switch {
+		case hasResult == 0 && lastTurnEnd.Valid && lastTurnEnd.Int64 > firstEvent:
+			c.Status = "interrupted"
 		case hasResult == 0:
 			c.Status = "running"
 		case isErr != 0:
