@@ -31,13 +31,16 @@ func forbiddenEnv(name string) bool {
 	return strings.HasPrefix(name, "TALKIDE_")
 }
 
+// agentDirs are one conversation's CLI directories.
+type agentDirs struct{ config, home, tmp string }
+
 // buildSDKEnv returns the environment of a CLI process (the design's
 // buildSdkEnv): an allow-list of the worker's environment, then the model
 // endpoint (baseURL, the local gateway proxy with the conversation prefix)
 // and its placeholder credential, the session volume paths, the private tmp
 // dir, the switches that keep the CLI off every host but the endpoint, and
 // cfg.ExtraEnv.
-func buildSDKEnv(cfg Config, parent []string, baseURL, placeholder, tmp string) []string {
+func buildSDKEnv(cfg Config, parent []string, dirs agentDirs, baseURL, placeholder string) []string {
 	env := map[string]string{}
 	for _, kv := range parent {
 		if name, val, ok := strings.Cut(kv, "="); ok && inheritedEnv[name] {
@@ -58,10 +61,10 @@ func buildSDKEnv(cfg Config, parent []string, baseURL, placeholder, tmp string) 
 	set := map[string]string{
 		"ANTHROPIC_BASE_URL":   baseURL,
 		"ANTHROPIC_AUTH_TOKEN": placeholder,
-		"CLAUDE_CONFIG_DIR":    cfg.ConfigDir,
-		"HOME":                 cfg.HomeDir,
-		"CLAUDE_CODE_TMPDIR":   tmp,
-		"TMPDIR":               tmp,
+		"CLAUDE_CONFIG_DIR":    dirs.config,
+		"HOME":                 dirs.home,
+		"CLAUDE_CODE_TMPDIR":   dirs.tmp,
+		"TMPDIR":               dirs.tmp,
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
 		"DISABLE_TELEMETRY":                        "1",
 		"DISABLE_AUTOUPDATER":                      "1",

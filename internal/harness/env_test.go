@@ -25,7 +25,7 @@ func TestBuildSDKEnv(t *testing.T) {
 		"TALKIDE_MASTER_KEYS=k", "AWS_SECRET_ACCESS_KEY=aws", "HTTPS_PROXY=http://proxy:3128", "NO_PROXY=internal",
 		"CLAUDE_CONFIG_DIR=/elsewhere",
 	}
-	got := envMap(buildSDKEnv(cfg, parent, "http://127.0.0.1:4000/c1", "talkide-local-abc", "/tmp/p/c1"))
+	got := envMap(buildSDKEnv(cfg, parent, agentDirs{config: "/vol/cfg", home: "/vol/home", tmp: "/tmp/p/c1"}, "http://127.0.0.1:4000/c1", "talkide-local-abc"))
 	want := map[string]string{
 		"PATH":                 "/usr/bin",
 		"HOME":                 "/vol/home",

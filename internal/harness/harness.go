@@ -90,6 +90,11 @@ type Config struct {
 	// agent its directories (ConfigDir, HomeDir, each conversation's working
 	// and tmp directory) and nothing else.
 	AgentUser *sandbox.User
+	// AgentUIDs, when set (instead of AgentUser), gives each conversation's
+	// agent a user id of its own from the range, so the agents of two
+	// conversations cannot read each other's files, transcripts or
+	// environments either. It needs the worker to run as root.
+	AgentUIDs *sandbox.UIDRange
 	// RecoverInterval is how often the harness looks for conversations with
 	// waiting work that no live replica owns (handed over by a replica that
 	// shut down or died). Default 5 s.
@@ -220,14 +225,15 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	}
 	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session)}
 	h.slots.max = cfg.MaxProcesses
-	if u := cfg.AgentUser; u != nil {
-		for _, d := range []string{cfg.ConfigDir, cfg.HomeDir, cfg.WorkspaceRoot, cfg.TmpRoot} {
-			if err := u.PrepareDir(filepath.Dir(d), d); err != nil {
-				return nil, fmt.Errorf("prepare agent directories: %w", err)
-			}
+	if cfg.AgentUser != nil || cfg.AgentUIDs != nil {
+		// The roots of the per-conversation directories: agents pass
+		// through them to their own conversation's, and list nothing.
+		probe := sandbox.Nobody
+		if cfg.AgentUser != nil {
+			probe = *cfg.AgentUser
 		}
-		for _, d := range []string{cfg.ConfigDir, cfg.HomeDir} {
-			if err := sandbox.ChownTree(d, *u); err != nil {
+		for _, d := range []string{cfg.ConfigDir, cfg.HomeDir, cfg.WorkspaceRoot, cfg.TmpRoot} {
+			if err := sandbox.MakeTraversable(filepath.Dir(d), d, probe); err != nil {
 				return nil, fmt.Errorf("prepare agent directories: %w", err)
 			}
 		}
@@ -350,6 +356,18 @@ func (h *Harness) loadLocked(conv, userID, model string, create bool, held *leas
 	s := &session{h: h, conv: conv, meta: meta, log: elog, held: held}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r := h.cfg.AgentUIDs; r != nil && meta.AgentUID == 0 {
+		uid, err := r.Claim(conv)
+		if err != nil {
+			elog.Close()
+			return nil, fmt.Errorf("give the conversation an agent user: %w", err)
+		}
+		meta.AgentUID = uid
+		if err := h.store.SaveMeta(meta); err != nil {
+			elog.Close()
+			return nil, err
+		}
+	}
 	if rep.TornBytes > 0 || rep.BadRecords > 0 {
 		h.log.Warn("event log repaired", "conversation", conv, "torn_bytes", rep.TornBytes, "bad_records", rep.BadRecords)
 		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "event_log_repaired",

@@ -126,7 +126,7 @@ func (s *session) recoverLocked() {
 			s.h.log.Warn("killed leftover processes of a crashed session", "conversation", s.conv, "pid", pi.PID, "count", n)
 		}
 		// The CLI's live-process registry entry of the dead process.
-		_ = os.Remove(filepath.Join(s.h.cfg.ConfigDir, "sessions", strconv.Itoa(pi.PID)+".json"))
+		_ = os.Remove(filepath.Join(s.configDir(), "sessions", strconv.Itoa(pi.PID)+".json"))
 		s.meta.Process = nil
 		changed = true
 	}

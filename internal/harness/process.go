@@ -177,15 +177,19 @@ func (s *session) startLocked() (*process, error) {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("create tmp dir: %w", err)
 	}
-	if err := os.MkdirAll(s.meta.WorkDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create working directory: %w", err)
+	for _, d := range []string{s.meta.WorkDir, s.configDir(), s.homeDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create the agent's directories: %w", err)
+		}
 	}
-	if u := cfg.AgentUser; u != nil {
+	if u := s.agentUser(); u != nil {
 		if err := u.PrepareDir(cfg.TmpRoot, tmp); err != nil {
 			return nil, err
 		}
-		if err := sandbox.ChownTree(s.meta.WorkDir, *u); err != nil {
-			return nil, fmt.Errorf("give the working directory to the agent user: %w", err)
+		for _, d := range []string{s.meta.WorkDir, s.configDir(), s.homeDir()} {
+			if err := sandbox.ChownTree(d, *u); err != nil {
+				return nil, fmt.Errorf("give the agent its directories: %w", err)
+			}
 		}
 	}
 	secret := gatewayproxy.NewPlaceholderSecret()
@@ -212,11 +216,11 @@ func (s *session) startLocked() (*process, error) {
 	args = append(args, mcp.args...)
 	cmd := exec.Command(cfg.ClaudeBin, args...)
 	cmd.Dir = s.meta.WorkDir
-	cmd.Env = buildSDKEnv(cfg, os.Environ(), base, secret, tmp)
+	cmd.Env = buildSDKEnv(cfg, os.Environ(), agentDirs{config: s.configDir(), home: s.homeDir(), tmp: tmp}, base, secret)
 	// Own process group, so the CLI and every tool it spawns are signalled
 	// together; Pdeathsig kills the CLI if the worker dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if u := cfg.AgentUser; u != nil {
+	if u := s.agentUser(); u != nil {
 		cmd.SysProcAttr.Credential = u.Credential()
 	}
 	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/lease"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/streamjson"
 )
@@ -45,6 +46,21 @@ type session struct {
 	// resolved remembers the ids of recently resolved permission requests
 	// (to answer a late answer with 409); guarded by mu.
 	resolved []string
+}
+
+// configDir is the conversation's CLAUDE_CONFIG_DIR (its transcripts) and
+// homeDir its HOME: one each per conversation, so no agent can read
+// another conversation's transcript.
+func (s *session) configDir() string { return filepath.Join(s.h.cfg.ConfigDir, s.conv) }
+func (s *session) homeDir() string   { return filepath.Join(s.h.cfg.HomeDir, s.conv) }
+
+// agentUser is the account the conversation's agent runs as; nil: the
+// worker's own.
+func (s *session) agentUser() *sandbox.User {
+	if s.h.cfg.AgentUIDs != nil && s.meta.AgentUID != 0 {
+		return &sandbox.User{UID: s.meta.AgentUID, GID: s.meta.AgentUID}
+	}
+	return s.h.cfg.AgentUser
 }
 
 func (s *session) statusLocked() contract.SessionStatus {
@@ -193,7 +209,7 @@ func (s *session) pumpLocked() {
 // when a transcript without a turn already uses that id (the CLI refuses
 // --session-id for an id in use).
 func (s *session) resumeModeLocked() (resume bool) {
-	path, hasTurn := transcriptState(s.h.cfg.ConfigDir, s.meta.SessionID)
+	path, hasTurn := transcriptState(s.configDir(), s.meta.SessionID)
 	// The CLI's cumulative cost starts from the transcript's last cost-state
 	// record (written when a process ends cleanly; a crash leaves an older
 	// one), so per-turn costs are measured from there.

@@ -47,6 +47,9 @@ type Meta struct {
 	Turn *PendingMessage `json:"turn,omitempty"`
 	// Permissions are the agent's permission requests waiting for an answer.
 	Permissions []PermissionRequest `json:"permissions,omitempty"`
+	// AgentUID is the user id the conversation's agent runs as, when the
+	// worker gives each conversation its own (0: none).
+	AgentUID uint32 `json:"agent_uid,omitempty"`
 	// Process describes the live CLI process, so a successor can clean up
 	// after a crash; nil when none runs.
 	Process *ProcessInfo `json:"process,omitempty"`

@@ -92,10 +92,11 @@ type Config struct {
 	// zero value allows none.
 	MCPPolicy mcppolicy.Policy
 	// AgentUser is the account the agent (the CLI and every command it
-	// runs) runs as [TALKIDE_AGENT_USER: "uid:gid", a user name, or "self"
-	// for the worker's own]. Default: nobody (65534) when the worker runs as
-	// root, else the worker's own user. The worker is non-dumpable, so an
-	// agent of the same user cannot read its environment either.
+	// runs) runs as [TALKIDE_AGENT_USER]: "per-conversation" (a user id of
+	// its own per conversation, from 200000; the default when the worker runs
+	// as root), "uid:gid" or a user name (one account for all), or "self"
+	// (the worker's own; the default otherwise). The worker is non-dumpable,
+	// so an agent of its own user cannot read its environment either.
 	AgentUser string
 	// PermissionPolicy is "allow" (every tool call the agent asks about is
 	// allowed; the default) or "ask" (each becomes a permission_requested
@@ -245,9 +246,18 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		localLn.Close()
 		return err
 	}
+	// Agents run as users of their own when the worker can switch users:
+	// one per conversation by default, so conversations cannot read each
+	// other either; or one fixed account; or the worker's own ("self").
 	var agent *sandbox.User
+	var agentUIDs *sandbox.UIDRange
 	switch {
 	case c.AgentUser == "self":
+	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
+		r := sandbox.DefaultUIDs
+		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
+		agentUIDs = &r
+		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
 	case c.AgentUser != "":
 		u, err := sandbox.ParseUser(c.AgentUser)
 		if err != nil {
@@ -255,14 +265,11 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 			return err
 		}
 		agent = &u
-	case os.Geteuid() == 0:
-		agent = &sandbox.Nobody
-	}
-	if agent != nil {
 		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
 	}
 	h, err := harness.New(harness.Config{
 		AgentUser:         agent,
+		AgentUIDs:         agentUIDs,
 		PermissionPolicy:  c.PermissionPolicy,
 		PermissionTimeout: c.PermissionTimeout,
 		Leases:            leases,
