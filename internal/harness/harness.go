@@ -206,6 +206,9 @@ type Harness struct {
 	// sessions holds the conversations this process owns and has loaded;
 	// guarded by mu.
 	sessions map[string]*session
+	// loading holds, per conversation being loaded, a channel closed when
+	// the load ends; guarded by mu.
+	loading map[string]chan struct{}
 	// closing is set when shutdown begins: no new turn starts.
 	closing atomic.Bool
 
@@ -223,7 +226,7 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session)}
+	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session), loading: make(map[string]chan struct{})}
 	h.slots.max = cfg.MaxProcesses
 	if cfg.AgentUser != nil || cfg.AgentUIDs != nil {
 		// The roots of the per-conversation directories: agents pass
@@ -281,16 +284,50 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 	if err := contract.ValidConversationID(conv); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if s, ok := h.sessions[conv]; ok {
+	for {
+		h.mu.Lock()
+		if s, ok := h.sessions[conv]; ok {
+			h.mu.Unlock()
+			return s, nil
+		}
+		if wait, ok := h.loading[conv]; ok {
+			// Another request loads it: wait, then look again.
+			h.mu.Unlock()
+			<-wait
+			continue
+		}
+		if h.closing.Load() {
+			// A replica shutting down takes no new ownership; the next
+			// owner serves the conversation.
+			h.mu.Unlock()
+			return nil, fmt.Errorf("%w: worker shutting down", ErrUnavailable)
+		}
+		// Load without holding mu: taking a lease may be a network call
+		// (Kubernetes), and other conversations must not wait for it.
+		done := make(chan struct{})
+		h.loading[conv] = done
+		h.mu.Unlock()
+		s, err := h.load(conv, userID, model, create)
+		h.mu.Lock()
+		delete(h.loading, conv)
+		if err == nil {
+			h.sessions[conv] = s
+		}
+		h.mu.Unlock()
+		close(done)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		s.pumpLocked()
+		s.mu.Unlock()
 		return s, nil
 	}
-	if h.closing.Load() {
-		// A replica shutting down takes no new ownership; the next owner
-		// serves the conversation.
-		return nil, fmt.Errorf("%w: worker shutting down", ErrUnavailable)
-	}
+}
+
+// load takes conv's lease and reads its session from the store (see
+// session).
+func (h *Harness) load(conv, userID, model string, create bool) (*session, error) {
 	if !create {
 		// Do not take a lease for a conversation that does not exist.
 		if _, err := h.store.LoadMeta(conv); errors.Is(err, sessionstore.ErrNotFound) {
@@ -312,14 +349,16 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 	}
-	s, err := h.loadLocked(conv, userID, model, create, held)
+	s, err := h.open(conv, userID, model, create, held)
 	if err != nil && held != nil {
 		_ = held.Release(context.Background())
 	}
 	return s, err
 }
 
-func (h *Harness) loadLocked(conv, userID, model string, create bool, held *lease.Held) (*session, error) {
+// open reads conv's state and event log (creating them when create is set)
+// and cleans up after a crashed previous owner. held is its lease.
+func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held) (*session, error) {
 	meta, err := h.store.LoadMeta(conv)
 	switch {
 	case errors.Is(err, sessionstore.ErrNotFound):
@@ -374,8 +413,6 @@ func (h *Harness) loadLocked(conv, userID, model string, create bool, held *leas
 			Message: fmt.Sprintf("the event log ended in an incomplete record (%d bytes, from a crash) which was removed; %d unreadable records were skipped", rep.TornBytes, rep.BadRecords)})
 	}
 	s.recoverLocked()
-	h.sessions[conv] = s
-	s.pumpLocked()
 	return s, nil
 }
 

@@ -374,3 +374,32 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 	}
 	return -1
 }
+
+// TestConcurrentLoadsOfOneConversation has many requests arrive at once for
+// a conversation no one has loaded: it is loaded once (one lease, one
+// session) and every request is served.
+func TestConcurrentLoadsOfOneConversation(t *testing.T) {
+	vol := t.TempDir()
+	a := startRig(t, rigOptions{volume: vol, holder: "replica-a"})
+	mustCreate(t, a.h, "c")
+	a.stop() // releases the lease
+	b := startRig(t, rigOptions{volume: vol, holder: "replica-b"})
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Go(func() {
+			_, err := b.h.Status("c")
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("status during concurrent loads: %v", err)
+		}
+	}
+	if n := len(b.h.loaded()); n != 1 {
+		t.Errorf("loaded sessions: %d, want 1", n)
+	}
+}

@@ -242,6 +242,16 @@ func (h *Harness) recoverLoop(ctx context.Context) {
 // lease. Queued messages stay stored for the next owner.
 func (h *Harness) shutdown() {
 	h.closing.Store(true)
+	// Loads in progress end (with the session registered) before the
+	// sessions are gathered below.
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		h.mu.Lock()
+		n := len(h.loading)
+		h.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
 	h.log.Info("shutting down: no new turns; waiting for running turns", "grace", h.cfg.ShutdownGrace.String())
 	deadline := time.Now().Add(h.cfg.ShutdownGrace)
 	for time.Now().Before(deadline) && h.runningTurns() > 0 {
