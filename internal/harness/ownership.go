@@ -215,7 +215,7 @@ func (h *Harness) Recover() (int, error) {
 			continue
 		}
 		n++
-		go s.maybeUnload() // nothing queued after the cleanup: let it go again
+		h.procs.Go(s.maybeUnload) // nothing queued after the cleanup: let it go again
 	}
 	return n, nil
 }
@@ -359,7 +359,7 @@ func (sl *slots) release() {
 	next := sl.waiting[0]
 	sl.waiting = sl.waiting[1:]
 	sl.mu.Unlock()
-	go func() {
+	next.h.procs.Go(func() {
 		next.mu.Lock()
 		defer next.mu.Unlock()
 		if next.gone || !next.queued {
@@ -371,7 +371,7 @@ func (sl *slots) release() {
 		if next.proc == nil {
 			next.releaseSlotLocked() // nothing to run after all
 		}
-	}()
+	})
 }
 
 // WaitingTurns returns how many conversations wait for a process slot.

@@ -163,7 +163,7 @@ func (s *session) pumpLocked() {
 						live, max, pos := s.h.slots.status(s)
 						s.emitLocked(contract.EventTurnQueued, contract.TurnQueued{
 							ClientMessageID: s.meta.Pending[0].ClientMessageID, Position: pos, LiveProcesses: live, MaxProcesses: max})
-						go s.h.evictIdle()
+						s.h.procs.Go(s.h.evictIdle)
 					}
 					return // slots.release hands us a slot and pumps again
 				}
@@ -198,7 +198,8 @@ func (s *session) pumpLocked() {
 		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
 			s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
 			s.proc.beginStop("exited")
-			go s.proc.terminate(s.h.cfg.StopGrace)
+			p := s.proc
+			s.h.procs.Go(func() { p.terminate(s.h.cfg.StopGrace) })
 		}
 		return
 	}
@@ -399,7 +400,7 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 	if s.meta.Turn == nil {
 		p.armIdleTimer(s.h.cfg.IdleTimeout, func() { s.stopIfIdle(p) })
 		if s.h.WaitingTurns() > 0 {
-			go s.h.evictIdle() // this process is idle now: make room for a waiting turn
+			s.h.procs.Go(s.h.evictIdle) // this process is idle now: make room for a waiting turn
 		}
 	}
 }
@@ -483,7 +484,7 @@ func (s *session) exited(p *process) {
 	s.releaseSlotLocked()
 	s.pumpLocked()
 	if s.proc == nil && s.meta.Turn == nil && len(s.meta.Pending) == 0 {
-		go s.maybeUnload()
+		s.h.procs.Go(s.maybeUnload)
 	}
 }
 
