@@ -8,7 +8,10 @@
 // LocalGatewayProxyServer with the conversation id as path prefix,
 // ANTHROPIC_AUTH_TOKEN is a per-process placeholder that only the local proxy
 // accepts, ANTHROPIC_API_KEY and every TALKIDE_* variable are absent, and
-// CLAUDE_CONFIG_DIR, HOME and a private CLAUDE_CODE_TMPDIR are set. A
+// a CLAUDE_CONFIG_DIR, HOME and CLAUDE_CODE_TMPDIR of the conversation's own
+// are set (as root, the process also runs as a user of the conversation's
+// own: see Config.AgentUIDs). Ownership, crash recovery, the process cap and
+// shutdown are in ownership.go; permission requests in permissions.go. A
 // conversation's messages run one turn at a time; further messages wait in
 // its queue. A second message continues the same CLI session; when the
 // process is gone (idle timeout, stop, crash, worker restart) the next message

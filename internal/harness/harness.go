@@ -24,15 +24,16 @@ import (
 type Config struct {
 	// ClaudeBin is the Claude Code CLI binary. Required.
 	ClaudeBin string
-	// ConfigDir is the CLI's CLAUDE_CONFIG_DIR (transcripts live under it).
-	// Required; on the session volume.
+	// ConfigDir holds one CLAUDE_CONFIG_DIR per conversation (its
+	// transcripts), <ConfigDir>/<conversation id>. Required; on the session
+	// volume.
 	ConfigDir string
 	// WorkspaceRoot holds one working directory per conversation,
 	// <WorkspaceRoot>/<conversation id>. Required; on the session volume so
 	// the path is the same on every replica.
 	WorkspaceRoot string
-	// HomeDir is the CLI's HOME (it writes MCP logs under $HOME/.cache).
-	// Required.
+	// HomeDir holds one HOME per conversation (the CLI writes MCP logs
+	// under $HOME/.cache), <HomeDir>/<conversation id>. Required.
 	HomeDir string
 	// TmpRoot holds each process's private CLAUDE_CODE_TMPDIR and TMPDIR,
 	// <TmpRoot>/<conversation id>; on local disk, private to this replica.
