@@ -26,6 +26,7 @@ import (
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/pgtest"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -37,24 +38,6 @@ const (
 	userID      = "alice"
 	model       = "claude-sonnet-4-5-20250929"
 )
-
-// logBuffer collects the gateway's log output.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // answer is what the upstream wrote for one request, as seen on its side
 // of the wire.
@@ -150,7 +133,7 @@ type fixture struct {
 	up     *devupstream.Server
 	rec    *recordingUpstream
 	gw     *httptest.Server
-	logs   *logBuffer
+	logs   *platformtest.LogBuffer
 }
 
 // fixtureOptions vary a fixture.
@@ -203,7 +186,7 @@ func newFixtureWith(t testing.TB, o fixtureOptions) *fixture {
 		t.Fatal(err)
 	}
 	svc := budget.NewService(db, o.budget)
-	logs := &logBuffer{}
+	logs := &platformtest.LogBuffer{}
 	gw := gateway.New(gateway.Config{
 		Upstream: upURL,
 		APIKey:   upstreamKey,

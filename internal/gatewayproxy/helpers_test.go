@@ -18,6 +18,7 @@ import (
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/platformtest"
 )
 
 const (
@@ -25,24 +26,6 @@ const (
 	convB    = "conv-b"
 	identity = "identity-token-of-demo-dev" // opaque to the local proxy
 )
-
-// logBuffer collects log output so tests can look for leaked credentials.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // seenRequest is a request as a fake server received it.
 type seenRequest struct {
@@ -120,9 +103,9 @@ func newMintServer(t *testing.T) *fakeServer {
 
 // startProxy runs a LocalGatewayProxyServer through p on loopback until the
 // test ends and returns it with its log.
-func startProxy(t *testing.T, p gatewayproxy.GatewayProxy) (*gatewayproxy.Server, *logBuffer) {
+func startProxy(t *testing.T, p gatewayproxy.GatewayProxy) (*gatewayproxy.Server, *platformtest.LogBuffer) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &platformtest.LogBuffer{}
 	s := gatewayproxy.NewServer(p, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if got := s.BaseURL(convA); got != "" {
 		t.Errorf("BaseURL before Listen: got %q, want empty", got)

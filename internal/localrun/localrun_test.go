@@ -15,31 +15,12 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/platformtest"
 )
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestRunServesTheREADMEExample builds the real binaries, runs the platform
 // as `make run` does (separate processes, development upstream), sends the
@@ -62,7 +43,7 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	}
 	state := platformtest.AgentReachableTempDir(t)
 	const adminToken = "admin-token-for-the-smoke-test-0123456789"
-	out := &syncBuffer{}
+	out := &platformtest.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -273,7 +254,7 @@ func TestRunRefusesATakenAddressAndAStateDirInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	out := &syncBuffer{}
+	out := &platformtest.LogBuffer{}
 	err = Run(context.Background(), Config{StateDir: t.TempDir(), HTTPAddr: ln.Addr().String(), BinDir: t.TempDir(), Out: out, Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "TALKIDE_HTTP_ADDR") {
 		t.Errorf("taken address: got %v, want an error naming TALKIDE_HTTP_ADDR", err)

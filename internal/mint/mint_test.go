@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -34,31 +34,12 @@ const (
 	missing  = "conv-does-not-exist"
 )
 
-// logBuffer collects the mint's log output so tests can assert that no
-// token is ever written to it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 type fixture struct {
 	db     *controlstore.DB
 	master token.MasterKey
 	h      *mint.Handler
 	srv    *httptest.Server
-	logs   *logBuffer
+	logs   *platformtest.LogBuffer
 	// identity is a valid identity token of demo/dev, issued by IssueIdentity.
 	identity string
 }
@@ -93,7 +74,7 @@ func newFixture(t testing.TB) *fixture {
 			t.Fatal(err)
 		}
 	}
-	logs := &logBuffer{}
+	logs := &platformtest.LogBuffer{}
 	h := mint.New(db, master, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -483,3 +483,22 @@ func (p *Platform) WaitControlPlane() {
 	}
 	p.T.Fatal("control plane did not come back")
 }
+
+// LogBuffer is a bytes.Buffer safe for concurrent writers (a logger) and
+// readers (the test looking for what was logged, or leaked).
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
