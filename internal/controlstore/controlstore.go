@@ -18,6 +18,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -293,4 +294,12 @@ func (db *DB) RevokeIdentityToken(ctx context.Context, jti string, at time.Time)
 		return ErrNotFound
 	}
 	return nil
+}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err) // dir is a constant of this package
+	}
+	return sub
 }

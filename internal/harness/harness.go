@@ -85,11 +85,11 @@ type Config struct {
 	// PermissionTimeout denies an unanswered request after this long.
 	// Default 5 minutes.
 	PermissionTimeout time.Duration
-	// AgentUser, when set, is the account CLI processes (and so every
-	// command the agent runs) run as, instead of the worker's own: a worker
-	// running as root must not hand root to the agent. The harness gives the
-	// agent its directories (ConfigDir, HomeDir, each conversation's working
-	// and tmp directory) and nothing else.
+	// AgentUser, when set, is the one account every CLI process (and so
+	// every command the agent runs) runs as, instead of the worker's own: a
+	// worker running as root must not hand root to the agent. The harness
+	// gives it each conversation's directories (config, home, working and
+	// tmp directory) and nothing else.
 	AgentUser *sandbox.User
 	// AgentUIDs, when set (instead of AgentUser), gives each conversation's
 	// agent a user id of its own from the range, so the agents of two
@@ -232,6 +232,8 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	if cfg.AgentUser != nil || cfg.AgentUIDs != nil {
 		// The roots of the per-conversation directories: agents pass
 		// through them to their own conversation's, and list nothing.
+		// With per-conversation uids any agent is "others" to them; nobody
+		// stands in for one in the check.
 		probe := sandbox.Nobody
 		if cfg.AgentUser != nil {
 			probe = *cfg.AgentUser

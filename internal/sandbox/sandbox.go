@@ -7,10 +7,13 @@
 //   - Harden makes the calling process non-dumpable, so other processes of
 //     the same user cannot read its /proc/<pid>/environ or memory (only a
 //     process with CAP_SYS_PTRACE could).
-//   - User is an unprivileged account the worker runs agents as when it
-//     itself runs as root (root's agents could read everything). The
-//     worker prepares the directories an agent needs (PrepareDir) and
-//     starts the CLI with the user's credentials (Credential).
+//   - A worker running as root (whose agents could otherwise read
+//     everything) runs each conversation's agent as a user id of its own,
+//     claimed from a UIDRange, or all agents as one User the operator
+//     names. It gives the agent its directories (PrepareDir, ChownTree),
+//     makes the roots above them searchable but not listable
+//     (MakeTraversable), and starts the CLI with the user's credentials
+//     (Credential).
 //
 // It does not confine the agent's network or file system beyond Unix
 // permissions; run workers in their own pods (one per tenant-env) for that.
