@@ -377,8 +377,7 @@ type SessionStopped struct {
 	// Reason: "stopped" (Stop command), "idle" (idle timeout), "evicted"
 	// (stopped to make room for a waiting turn), "exited" (the process ended
 	// on its own), "shutdown" (worker shutdown), "interrupt_timeout" (an
-	// interrupted turn did not end in time), "lease_lost" (another replica
-	// took the conversation over).
+	// interrupted turn did not end in time).
 	Reason   string `json:"reason"`
 	ExitCode int    `json:"exit_code"`
 }
