@@ -210,14 +210,11 @@ func (s *session) pumpLocked() {
 // when a transcript without a turn already uses that id (the CLI refuses
 // --session-id for an id in use).
 func (s *session) resumeModeLocked() (resume bool) {
-	path, hasTurn := transcriptState(s.configDir(), s.meta.SessionID)
+	path, hasTurn, cost := transcriptState(s.configDir(), s.meta.SessionID)
 	// The CLI's cumulative cost starts from the transcript's last cost-state
 	// record (written when a process ends cleanly; a crash leaves an older
 	// one), so per-turn costs are measured from there.
-	s.meta.CLITotalCostUSD = 0
-	if hasTurn {
-		s.meta.CLITotalCostUSD = lastCostState(path)
-	}
+	s.meta.CLITotalCostUSD = cost
 	switch {
 	case hasTurn:
 		return true
@@ -230,13 +227,28 @@ func (s *session) resumeModeLocked() (resume bool) {
 	return false
 }
 
+// transcriptState finds the transcript of a session id under
+// <configDir>/projects/*/<id>.jsonl, reads it once, and reports whether it
+// holds a turn (an assistant record) and the totalCostUSD of its last
+// cost-state record (0 when it has none, or no turn).
+func transcriptState(configDir, sessionID string) (path string, hasTurn bool, cost float64) {
+	matches, _ := filepath.Glob(filepath.Join(configDir, "projects", "*", sessionID+".jsonl"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		path = m
+		if bytes.Contains(b, []byte(`"type":"assistant"`)) {
+			return m, true, lastCostState(b)
+		}
+	}
+	return path, false, 0
+}
+
 // lastCostState returns totalCostUSD of the last cost-state record of a
 // transcript, 0 when it has none.
-func lastCostState(path string) float64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
+func lastCostState(b []byte) float64 {
 	i := bytes.LastIndex(b, []byte(`"type":"cost-state"`))
 	if i < 0 {
 		return 0
@@ -253,24 +265,6 @@ func lastCostState(path string) float64 {
 		return 0
 	}
 	return rec.TotalCostUSD
-}
-
-// transcriptState finds the transcript of a session id under
-// <configDir>/projects/*/<id>.jsonl and reports whether it holds a turn (an
-// assistant record).
-func transcriptState(configDir, sessionID string) (path string, hasTurn bool) {
-	matches, _ := filepath.Glob(filepath.Join(configDir, "projects", "*", sessionID+".jsonl"))
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		path = m
-		if bytes.Contains(b, []byte(`"type":"assistant"`)) {
-			return m, true
-		}
-	}
-	return path, false
 }
 
 // handle processes one stdout line of p.
