@@ -37,9 +37,20 @@ const (
 	// PathGatewayPrefix is the gateway-proxy prefix; the rest of the path
 	// is forwarded to the Anthropic-compatible upstream (e.g. /v1/messages).
 	PathGatewayPrefix = "/api/internal/gateway/anthropic"
+	// PathGatewayMessages and PathGatewayCountTokens are the only API paths
+	// (after PathGatewayPrefix) the gateway-proxy forwards, and so the only
+	// ones the worker's local proxy sends on; see GatewayForwards.
+	PathGatewayMessages    = "/v1/messages"
+	PathGatewayCountTokens = "/v1/messages/count_tokens"
 	// PathReportPrefix is the prefix of the worker reporting endpoints.
 	PathReportPrefix = "/api/internal/worker"
 )
+
+// GatewayForwards reports whether the gateway-proxy forwards API path p
+// (the part after PathGatewayPrefix, e.g. "/v1/messages").
+func GatewayForwards(p string) bool {
+	return p == PathGatewayMessages || p == PathGatewayCountTokens
+}
 
 var conversationIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 

@@ -634,6 +634,8 @@ var workerPaths = []struct {
 	{"PathEvents", contract.PathEvents, "endpoint"},
 	{"PathMint", contract.PathMint, "endpoint"},
 	{"PathGatewayPrefix", contract.PathGatewayPrefix, "prefix"},
+	{"PathGatewayMessages", contract.PathGatewayMessages, "gateway"},
+	{"PathGatewayCountTokens", contract.PathGatewayCountTokens, "gateway"},
 	// The reporting endpoints; every documented path under the prefix must
 	// be one of the constants below.
 	{"PathReportPrefix", contract.PathReportPrefix, "group"},
@@ -715,6 +717,11 @@ func TestWorkerPathsDocumented(t *testing.T) {
 			}
 			if n == 0 {
 				t.Errorf("openapi.yaml: no path under %s (%s)", p.value, p.name)
+			}
+		case "gateway":
+			// An API path the gateway forwards: documented under its prefix.
+			if documented[contract.PathGatewayPrefix+p.value] == nil {
+				t.Errorf("openapi.yaml: %s%s (%s) is not documented", contract.PathGatewayPrefix, p.value, p.name)
 			}
 		case "group":
 			// Covered by the endpoint constants; nothing else may be under it.

@@ -97,12 +97,6 @@ const MaxOutputTokens = 1 << 24
 // microsecond resolution, the latency the gateway added before forwarding.
 const HeaderOverhead = "X-Talkide-Gateway-Overhead-Ms"
 
-// allowedPaths are the upstream API paths workers may call.
-var allowedPaths = map[string]bool{
-	"/v1/messages":              true,
-	"/v1/messages/count_tokens": true,
-}
-
 // Handler is the gateway-proxy.
 type Handler struct {
 	cfg      Config
@@ -234,7 +228,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID 
 	for k, v := range f.header {
 		w.Header().Set(k, v)
 	}
-	if !allowedPaths[apiPath] {
+	if !contract.GatewayForwards(apiPath) {
 		apiPath = "other"
 	}
 	h.m.deny(f.reason)
@@ -246,7 +240,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID 
 // forward, or the refusal to answer, or neither when the client is gone.
 // On success r's body is replaced by the bytes read.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID string, start time.Time) (*call, *refusal) {
-	if !allowedPaths[apiPath] {
+	if !contract.GatewayForwards(apiPath) {
 		return nil, &refusal{status: http.StatusNotFound, typ: anthropic.ErrNotFound, reason: "not_found",
 			msg: "the gateway forwards only /v1/messages and /v1/messages/count_tokens"}
 	}

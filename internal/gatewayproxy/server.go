@@ -43,10 +43,6 @@ type Error struct {
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s: %v", e.Status, e.Type, e.Msg, e.Err) }
 func (e *Error) Unwrap() error { return e.Err }
 
-// forwardedPaths are the API paths the CLI may call through the proxy (the
-// gateway allows no others).
-var forwardedPaths = map[string]bool{"/v1/messages": true, "/v1/messages/count_tokens": true}
-
 // credentialHeaders are removed from every request before it leaves the
 // worker: the CLI's placeholder and anything resembling a credential.
 var credentialHeaders = []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", contract.HeaderWorkerToken}
@@ -154,7 +150,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if !forwardedPaths[apiPath] {
+	if !contract.GatewayForwards(apiPath) {
 		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "the local gateway proxy forwards only /v1/messages and /v1/messages/count_tokens", "", nil)
 		return
 	}
