@@ -61,6 +61,10 @@ func TestConformance(t *testing.T) {
 		{"LedgerQuery", testLedgerQuery},
 		{"CancelledCallerReservesNothing", testCancelledCaller},
 		{"Closed", testClosed},
+		{"PipelinedChecksNeverOvershoot", testPipelinedNeverOvershoot},
+		{"PredictionRefusedByOtherReplica", testPredictionRefusedByOtherReplica},
+		{"PredictionFollowsLimitChange", testPredictionFollowsLimitChange},
+		{"PredictionRespectsFairUse", testPredictionRespectsFairUse},
 	}
 	for store, open := range stores {
 		t.Run(store, func(t *testing.T) {

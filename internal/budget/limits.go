@@ -31,6 +31,7 @@ func (s *Service) SetUserLimit(ctx context.Context, userID string, limit NanoUSD
 	if err != nil {
 		return fmt.Errorf("set budget limit: %w", err)
 	}
+	s.forgetViews()
 	return nil
 }
 
@@ -40,6 +41,7 @@ func (s *Service) ClearUserLimit(ctx context.Context, userID string) error {
 	if _, err := s.db.SQL.ExecContext(ctx, s.db.Q(`DELETE FROM budget_limits WHERE user_id = ?`), userID); err != nil {
 		return fmt.Errorf("clear budget limit: %w", err)
 	}
+	s.forgetViews()
 	return nil
 }
 
@@ -55,6 +57,7 @@ func (s *Service) SetTenantLimit(ctx context.Context, tenant string, limit NanoU
 	if err != nil {
 		return fmt.Errorf("set tenant budget limit: %w", err)
 	}
+	s.forgetViews()
 	return nil
 }
 
@@ -63,6 +66,7 @@ func (s *Service) ClearTenantLimit(ctx context.Context, tenant string) error {
 	if _, err := s.db.SQL.ExecContext(ctx, s.db.Q(`DELETE FROM budget_tenant_limits WHERE tenant = ?`), tenant); err != nil {
 		return fmt.Errorf("clear tenant budget limit: %w", err)
 	}
+	s.forgetViews()
 	return nil
 }
 

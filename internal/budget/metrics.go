@@ -13,6 +13,7 @@ type Metrics struct {
 	reserveSeconds *prometheus.HistogramVec
 	batchSize      prometheus.Histogram
 	costNano       *prometheus.CounterVec
+	predictions    *prometheus.CounterVec
 }
 
 // NewMetrics creates the budget metrics and registers them with reg.
@@ -32,8 +33,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "talkide_budget_debited_nano_usd_total",
 			Help: "Cost booked by post-call debits, in nano-USD, by tenant.",
 		}, []string{"tenant"}),
+		predictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "talkide_budget_precall_predictions_total",
+			Help: "Pipelined pre-call checks by path: predicted (forwarded while the reservation commits), exact (the database answered first), refused (predicted, then refused by the database: the call was cancelled).",
+		}, []string{"path"}),
 	}
-	reg.MustRegister(m.reserveSeconds, m.batchSize, m.costNano)
+	reg.MustRegister(m.reserveSeconds, m.batchSize, m.costNano, m.predictions)
 	return m
 }
 
@@ -62,5 +67,11 @@ func (m *Metrics) observeBatch(n int) {
 func (m *Metrics) observeDebit(res Reservation, actual NanoUSD, _ Debit) {
 	if m != nil {
 		m.costNano.WithLabelValues(res.Tenant).Add(float64(actual))
+	}
+}
+
+func (m *Metrics) observePrediction(path string) {
+	if m != nil {
+		m.predictions.WithLabelValues(path).Inc()
 	}
 }

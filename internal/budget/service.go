@@ -156,7 +156,11 @@ type Service struct {
 	// connection: the writer goroutine, or a caller leading a batch of
 	// reservations (SQLite; see lead).
 	conn chan struct{}
-	// qmu guards queue, the reservations waiting for a leader.
+	// pgLeader is the token (capacity 1) of a caller leading a batch of
+	// reservations on PostgreSQL (see lead); they use a pooled connection.
+	pgLeader chan struct{}
+	// qmu guards queue, the reservations waiting for a leader, in the
+	// order they were made.
 	qmu   sync.Mutex
 	queue []*op
 	// connGone is set, holding conn, once the writer closed its
@@ -174,6 +178,12 @@ type Service struct {
 	// mu guards closed: enqueuers hold it shared so Close can wait for them.
 	mu     sync.RWMutex
 	closed bool
+	// views are the active users' budgets as last seen (pipeline.go):
+	// userKey → *userView.
+	views sync.Map
+	// viewMu guards viewStmt, loadView's prepared query.
+	viewMu   sync.Mutex
+	viewStmt *sql.Stmt
 }
 
 // NewService returns a Service over db and starts its writer.
@@ -191,7 +201,7 @@ func NewService(db *controlstore.DB, cfg Config) *Service {
 		cfg.Logger = slog.Default()
 	}
 	s := &Service{db: db, cfg: cfg, log: cfg.Logger,
-		ops: make(chan *op, 1024), conn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		ops: make(chan *op, 1024), conn: make(chan struct{}, 1), pgLeader: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		syncDone: make(chan struct{})}
 	s.clock.Store(time.Now)
 	go s.writer()
@@ -260,19 +270,32 @@ func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error)
 	}
 	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
-	r := &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}
-	start := time.Now()
-	var res Reservation
-	var err error
-	if s.db.Dialect == controlstore.Postgres {
-		err = s.reservePostgres(ctx, r)
-	} else {
-		err = s.lead(ctx, &op{reserve: r})
+	return s.reserve(ctx, &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}, false)
+}
+
+// reserve runs the database step of a pre-call check and records its answer
+// in the user's view; predicted says the call was admitted on a prediction.
+func (s *Service) reserve(ctx context.Context, r *reserveArgs, predicted bool) (Reservation, error) {
+	o := &op{reserve: r}
+	if err := s.enqueue(ctx, o); err != nil {
+		return Reservation{}, err
 	}
+	return s.awaitReserve(o, predicted)
+}
+
+// awaitReserve leads or waits for the commit of reservation o (queued by
+// enqueue) and records the answer in the user's view.
+func (s *Service) awaitReserve(o *op, predicted bool) (Reservation, error) {
+	r := o.reserve
+	start := time.Now()
+	err := s.lead(o)
+	s.answered(r, predicted, err)
 	if err == nil {
 		err = r.result()
 	}
+	var res Reservation
 	if err == nil {
+		c := r.call
 		res = Reservation{ID: r.id, UserID: c.UserID, Tenant: c.Tenant, Env: c.Env, Period: r.period, Amount: c.Amount}
 	}
 	s.cfg.Metrics.observeReserve(time.Since(start), err)
@@ -330,6 +353,7 @@ func (s *Service) PostCallDebit(ctx context.Context, res Reservation, actual Nan
 	}
 	err := s.run(ctx, &op{settle: &settleArgs{res: res, amount: min(actual, MaxCost), debit: d, now: s.now()}})
 	if err == nil {
+		s.settled(res, min(actual, MaxCost))
 		s.cfg.Metrics.observeDebit(res, actual, d)
 	}
 	return err
@@ -378,38 +402,60 @@ func (s *Service) run(ctx context.Context, o *op) error {
 	return <-o.done
 }
 
-// lead runs reservation o on SQLite without a hand-off to the writer
-// goroutine: o joins the queue, and whichever caller gets the connection
-// token first commits everything queued, on its own goroutine, in one
-// transaction (group commit: under load one commit serves many calls; alone,
-// a call pays no goroutine switch). A caller whose op another leader took
-// returns as soon as it is done.
-func (s *Service) lead(ctx context.Context, o *op) error {
+// enqueue queues reservation o for the next batch (see lead). Reservations
+// are committed in the order they were queued, so a call this process
+// admitted first is never refused because a later one took its budget.
+func (s *Service) enqueue(ctx context.Context, o *op) error {
 	o.ctx, o.done = ctx, make(chan error, 1)
 	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.closed {
-		s.mu.RUnlock()
 		return ErrClosed
 	}
 	s.qmu.Lock()
 	s.queue = append(s.queue, o)
 	s.qmu.Unlock()
-	s.mu.RUnlock()
+	return nil
+}
+
+// lead waits until queued reservation o is committed, without a hand-off to
+// a goroutine: whichever waiting caller gets the leader's token first
+// commits everything queued, on its own goroutine, as one batch (group
+// commit: under load one commit serves many calls; alone, a call pays no
+// goroutine switch). On SQLite the token is the writer's connection and the
+// batch one transaction; on PostgreSQL the batch is one statement on a
+// pooled connection (reservePostgres). A caller whose op another leader
+// took returns as soon as it is done.
+func (s *Service) lead(o *op) error {
+	token := s.conn
+	if s.db.Dialect == controlstore.Postgres {
+		token = s.pgLeader
+	}
 	for {
 		select {
 		case err := <-o.done:
 			return err
-		case s.conn <- struct{}{}:
+		case token <- struct{}{}:
 			s.qmu.Lock()
 			batch := s.queue
 			s.queue = nil
 			s.qmu.Unlock()
 			if len(batch) > 0 {
-				s.commitHeld(batch)
+				s.commitReserves(batch)
 			}
-			<-s.conn
+			<-token
 		}
 	}
+}
+
+// commitReserves commits a batch of queued reservations; the caller holds
+// the leader's token.
+func (s *Service) commitReserves(batch []*op) {
+	if s.db.Dialect == controlstore.Postgres {
+		s.reservePostgres(batch)
+		return
+	}
+	s.commitHeld(batch)
 }
 
 // maxBatch bounds the operations committed in one transaction.
@@ -421,14 +467,16 @@ func (s *Service) writer() {
 	defer close(s.done)
 	defer func() {
 		s.conn <- struct{}{}
+		s.pgLeader <- struct{}{}
 		// Reservations queued before Close but not yet led.
 		s.qmu.Lock()
 		left := s.queue
 		s.queue = nil
 		s.qmu.Unlock()
 		if len(left) > 0 {
-			s.commitHeld(left)
+			s.commitReserves(left)
 		}
+		<-s.pgLeader
 		if s.w != nil {
 			for _, st := range s.w.stmts {
 				st.Close()
@@ -782,26 +830,84 @@ func (w *writerConn) QueryContext(ctx context.Context, query string, args ...any
 	return st.QueryContext(ctx, args...)
 }
 
-// reservePostgres runs the pre-call check as one call of the
-// talkide_budget_reserve function (controlstore/pgsql), in its own
-// transaction, on any pooled connection.
-func (s *Service) reservePostgres(ctx context.Context, r *reserveArgs) error {
-	c, f := r.call, s.cfg.FairUse
+// reservePostgres runs a batch of pre-call checks as one statement that
+// calls the talkide_budget_reserve function (controlstore/pgsql) once per
+// reservation, in queue order, in one transaction on a pooled connection.
+// When the statement fails, each reservation is retried in a statement of
+// its own, so one bad reservation cannot fail the others.
+func (s *Service) reservePostgres(batch []*op) {
+	live := batch[:0:0]
+	for _, o := range batch {
+		if err := o.ctx.Err(); err != nil {
+			o.done <- err // the caller gave up before anything was written
+			continue
+		}
+		live = append(live, o)
+	}
+	if len(live) == 0 {
+		return
+	}
+	s.cfg.Metrics.observeBatch(len(live))
+	if err := s.reservePostgresBatch(live); err == nil || len(live) == 1 {
+		for _, o := range live {
+			o.done <- err
+		}
+		return
+	}
+	for _, o := range live {
+		o.done <- s.reservePostgresBatch([]*op{o})
+	}
+}
+
+func (s *Service) reservePostgresBatch(ops []*op) error {
+	f := s.cfg.FairUse
 	var window int64
 	if f.on() {
 		window = f.Window.Milliseconds()
 	}
-	var retry int64
-	err := s.db.SQL.QueryRowContext(ctx, `SELECT outcome, limit_nano, committed_nano, retry_after_ms FROM talkide_budget_reserve(
-		$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
-		r.id, ledgerID(), c.UserID, c.Tenant, c.Env, c.ConversationID, c.Model, c.RequestID, r.period, c.Amount,
-		c.EstimatedTokens, s.cfg.DefaultLimit, controlstore.Millis(r.now), controlstore.Millis(r.now.Add(s.cfg.ReservationTTL)),
-		window, f.MaxRequests, f.MaxTokens).Scan(&r.outcome, &r.limit, &r.committed, &retry)
+	n := len(ops)
+	ids, ledgerIDs, users, tenants, envs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	convs, models, reqIDs, periods := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	amounts, estimates, nows, expires := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, o := range ops {
+		r := o.reserve
+		c := r.call
+		ids[i], ledgerIDs[i], users[i], tenants[i], envs[i] = r.id, ledgerID(), c.UserID, c.Tenant, c.Env
+		convs[i], models[i], reqIDs[i], periods[i] = c.ConversationID, c.Model, c.RequestID, r.period
+		amounts[i], estimates[i] = int64(c.Amount), c.EstimatedTokens
+		nows[i], expires[i] = controlstore.Millis(r.now), controlstore.Millis(r.now.Add(s.cfg.ReservationTTL))
+	}
+	rows, err := s.db.SQL.QueryContext(context.Background(), `SELECT r.outcome, r.limit_nano, r.committed_nano, r.retry_after_ms
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
+			$10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[]) WITH ORDINALITY
+			AS a(id, ledger_id, user_id, tenant, env, conversation, model, request_id, period, amount, estimate, now, expires, ord)
+		CROSS JOIN LATERAL talkide_budget_reserve(a.id, a.ledger_id, a.user_id, a.tenant, a.env, a.conversation, a.model,
+			a.request_id, a.period, a.amount, a.estimate, $14, a.now, a.expires, $15, $16, $17) r
+		ORDER BY a.ord`,
+		ids, ledgerIDs, users, tenants, envs, convs, models, reqIDs, periods, amounts, estimates, nows, expires,
+		s.cfg.DefaultLimit, window, f.MaxRequests, f.MaxTokens)
 	if err != nil {
 		return fmt.Errorf("reserve budget: %w", err)
 	}
-	r.retryAfter = time.Duration(retry) * time.Millisecond
-	return nil
+	defer rows.Close()
+	for i, o := range ops {
+		r := o.reserve
+		if !rows.Next() {
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("reserve budget: %w", err)
+			}
+			return fmt.Errorf("reserve budget: %d answers for %d reservations", i, n)
+		}
+		var retry int64
+		if err := rows.Scan(&r.outcome, &r.limit, &r.committed, &retry); err != nil {
+			return fmt.Errorf("reserve budget: %w", err)
+		}
+		r.retryAfter = time.Duration(retry) * time.Millisecond
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("reserve budget: %w", err)
+	}
+	return rows.Err()
 }
 
 // reserveTx is talkide_budget_reserve in Go, for SQLite: the writer

@@ -71,6 +71,9 @@ func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
+	// Keep the connections of concurrent readers (database/sql keeps 2 by
+	// default): opening one costs more than the query it serves.
+	db.SetMaxIdleConns(16)
 	d, err := migrate(ctx, db, SQLite)
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)

@@ -48,8 +48,8 @@ func (u *cannedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // proxying alone.
 type admitAll struct{}
 
-func (admitAll) PreCallCheck(_ context.Context, c budget.Call) (budget.Reservation, error) {
-	return budget.Reservation{ID: "r", UserID: c.UserID, Amount: c.Amount}, nil
+func (admitAll) PreCallCheckAsync(_ context.Context, c budget.Call) *budget.Ticket {
+	return budget.Decided(budget.Reservation{ID: "r", UserID: c.UserID, Amount: c.Amount}, nil)
 }
 func (admitAll) PostCallDebit(context.Context, budget.Reservation, budget.NanoUSD, budget.Debit) error {
 	return nil
@@ -73,7 +73,8 @@ func BenchmarkGateway(b *testing.B) {
 					var bud gateway.Budget = admitAll{}
 					var svc *budget.Service
 					if store != "none" {
-						f := newFixtureWith(b, fixtureOptions{postgres: store == "postgres"})
+						// A limit no run of b.N calls reaches.
+						f := newFixtureWith(b, fixtureOptions{postgres: store == "postgres", budget: budget.Config{DefaultLimit: 1_000_000 * budget.NanoPerUSD}})
 						svc = f.budget
 						bud = svc
 					}

@@ -9,7 +9,10 @@
 // request and streams the answer back byte for byte, flushed per write, while
 // a tee reads the usage; when the answer ends it books the actual cost
 // (postCallDebit) in the background, so the client never waits for the
-// database. Errors use Anthropic's error envelope. Metrics (metrics.go) and
+// database. When the budget predicts that it admits the call, the call is
+// forwarded while the reservation commits, and the upstream's answer is
+// held until the reservation is durable (roundTrip); a reservation refused
+// after all cancels the upstream call, and the client gets the refusal. Errors use Anthropic's error envelope. Metrics (metrics.go) and
 // the x-talkide-gateway-overhead-ms response header measure what it adds.
 //
 // Decisions (see also README "Gateway-proxy"):
@@ -55,9 +58,13 @@ import (
 
 // Budget is the UserBudgetService as the gateway uses it.
 type Budget interface {
-	// PreCallCheck reserves the call's worst case or refuses it with a
-	// *budget.DenyError or *budget.FairUseError.
-	PreCallCheck(ctx context.Context, c budget.Call) (budget.Reservation, error)
+	// PreCallCheckAsync starts reserving the call's worst case. A ticket
+	// that is not Predicted has ended: its Result is the reservation or
+	// the refusal (a *budget.DenyError or *budget.FairUseError). A
+	// Predicted one is still committing: the gateway forwards the call,
+	// holds the upstream's answer until Done, and cancels the call if the
+	// Result is an error after all.
+	PreCallCheckAsync(ctx context.Context, c budget.Call) *budget.Ticket
 	// PostCallDebit replaces the reservation with the actual cost.
 	PostCallDebit(ctx context.Context, res budget.Reservation, actual budget.NanoUSD, d budget.Debit) error
 }
@@ -135,7 +142,7 @@ func New(cfg Config) *Handler {
 	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger, m: cfg.Metrics}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
-		Transport:      cfg.Transport,
+		Transport:      ticketTransport{next: cfg.Transport},
 		FlushInterval:  -1, // flush every write: each SSE event reaches the worker at once
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
@@ -181,11 +188,13 @@ func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 type call struct {
-	claims    *token.Claims
-	apiPath   string
-	model     string
+	claims  *token.Claims
+	apiPath string
+	model   string
+	// ticket is the call's pre-call check (nil for count_tokens, which is
+	// free); once it is Done without error, res is its reservation.
+	ticket    *budget.Ticket
 	res       budget.Reservation
-	reserved  bool
 	requestID string
 	start     time.Time
 	forwarded time.Time
@@ -306,35 +315,47 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 	// Prompt tokens, over-estimated: no tokenizer yields fewer than one
 	// token per 3 bytes of JSON.
 	prompt := int64(len(body))/3 + 1
-	res, err := h.cfg.Budget.PreCallCheck(r.Context(), budget.Call{
+	t := h.cfg.Budget.PreCallCheckAsync(r.Context(), budget.Call{
 		UserID: claims.User, Tenant: claims.Tenant, Env: claims.Env, ConversationID: claims.Conversation,
 		Model: head.Model, RequestID: reqID, Amount: price.WorstCase(prompt, head.MaxTokens), EstimatedTokens: prompt,
 	})
+	c.ticket = t
+	if t.Predicted {
+		return c, nil // forwarded while the reservation commits (roundTrip)
+	}
+	res, err := t.Result()
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, nil
+		}
+		return nil, h.budgetRefusal(err, claims, reqID)
+	}
+	c.res = res
+	return c, nil
+}
+
+// budgetRefusal is the answer to a pre-call check that failed with err.
+func (h *Handler) budgetRefusal(err error, claims *token.Claims, reqID string) *refusal {
 	var deny *budget.DenyError
 	var fair *budget.FairUseError
 	switch {
 	case errors.As(err, &deny):
 		h.log.Info("budget denied call", "tenant", claims.Tenant, "env", claims.Env, "conversation", claims.Conversation, "user", claims.User,
 			"request_id", reqID, "limit_nano_usd", deny.Limit, "committed_nano_usd", deny.Committed, "needed_nano_usd", deny.Needed)
-		return nil, &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "budget",
+		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "budget",
 			msg: fmt.Sprintf("TalkIDE budget exhausted: your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. Ask your administrator to raise the limit.",
 				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed)),
 			header:  map[string]string{"x-should-retry": "false"},
 			details: map[string]any{"error_code": "budget_exceeded", "period": deny.Period}}
 	case errors.As(err, &fair):
 		secs := int64((fair.RetryAfter + time.Second - 1) / time.Second)
-		return nil, &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "fair_use_" + fair.Limit,
+		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "fair_use_" + fair.Limit,
 			msg:     fmt.Sprintf("TalkIDE fair-use limit: too many %s in a short time; try again in %d s.", fair.Limit, secs),
 			header:  map[string]string{"retry-after": strconv.FormatInt(secs, 10)},
 			details: map[string]any{"error_code": "fair_use_limit", "limit": fair.Limit}}
-	case err != nil && r.Context().Err() != nil:
-		return nil, nil
-	case err != nil:
-		h.log.Error("budget check failed", "user", claims.User, "request_id", reqID, "err", err)
-		return nil, &refusal{status: http.StatusServiceUnavailable, typ: anthropic.ErrAPI, reason: "budget_error", msg: "budget service unavailable"}
 	}
-	c.res, c.reserved = res, true
-	return c, nil
+	h.log.Error("budget check failed", "user", claims.User, "request_id", reqID, "err", err)
+	return &refusal{status: http.StatusServiceUnavailable, typ: anthropic.ErrAPI, reason: "budget_error", msg: "budget service unavailable"}
 }
 
 // readBody reads the request body, at most MaxRequestBytes, into one buffer
@@ -387,8 +408,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		hdr.Set("Cache-Control", "no-cache")
 	}
 	hdr.Set(HeaderOverhead, strconv.FormatFloat(float64(c.forwarded.Sub(c.start).Microseconds())/1000, 'f', 3, 64))
-	if !c.reserved {
-		return nil
+	if c.ticket == nil {
+		return nil // not metered: count_tokens is free
 	}
 	m := &meteredBody{rc: resp.Body, h: h, c: c, status: resp.StatusCode, requestID: hdr.Get("Request-Id")}
 	var sink io.Writer = &m.buf
@@ -416,11 +437,14 @@ func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcom
 		requestID = c.requestID
 	}
 	h.background(func() {
+		res, err := c.ticket.Result()
+		if err != nil {
+			return // refused or failed: nothing was reserved
+		}
 		d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
-		var err error
 		for attempt := range 3 {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err = h.cfg.Budget.PostCallDebit(ctx, c.res, cost, d)
+			err = h.cfg.Budget.PostCallDebit(ctx, res, cost, d)
 			cancel()
 			if err == nil || errors.Is(err, budget.ErrClosed) {
 				break
@@ -448,7 +472,14 @@ func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcom
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	c, _ := r.Context().Value(ctxKey{}).(*call)
-	if c != nil && c.reserved {
+	var late *lateRefusal
+	if errors.As(err, &late) {
+		// Refused after it was forwarded: the upstream call was cancelled
+		// before any of its answer reached the client.
+		h.refuse(w, r, c.apiPath, c.requestID, h.budgetRefusal(late.err, c.claims, c.requestID))
+		return
+	}
+	if c != nil && c.ticket != nil {
 		// No answer came back: nothing to bill (an unreachable upstream
 		// took no request; one that timed out sent no usage).
 		h.settle(c, anthropic.Usage{Model: c.model}, 0, "no_answer", "")
@@ -471,6 +502,77 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	h.log.Error("gateway upstream failed", "status", status, "request_id", reqID, "err", err)
 	h.m.request(path, status)
 	anthropic.WriteError(w, status, typ, "upstream unreachable", reqID, nil)
+}
+
+// ticketTransport reaches the upstream for a call whose reservation may
+// still be committing (a Predicted ticket): it forwards at once, cancels the
+// upstream call as soon as the reservation is refused, and hands the
+// upstream's answer on only once the reservation is durable. Other calls
+// pass straight through.
+type ticketTransport struct{ next http.RoundTripper }
+
+// lateRefusal is a pre-call check that failed after its call was forwarded.
+type lateRefusal struct{ err error }
+
+func (e *lateRefusal) Error() string {
+	return "pre-call check failed after forwarding: " + e.err.Error()
+}
+func (e *lateRefusal) Unwrap() error { return e.err }
+
+func (t ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c, _ := req.Context().Value(ctxKey{}).(*call)
+	if c == nil || c.ticket == nil || !c.ticket.Predicted {
+		return t.next.RoundTrip(req)
+	}
+	select {
+	case <-c.ticket.Done():
+		res, err := c.ticket.Result()
+		if err != nil {
+			return nil, &lateRefusal{err}
+		}
+		c.res = res
+		return t.next.RoundTrip(req)
+	default:
+	}
+	ctx, cancel := context.WithCancel(req.Context())
+	go func() {
+		select {
+		case <-c.ticket.Done():
+			if _, err := c.ticket.Result(); err != nil {
+				cancel()
+			}
+		case <-ctx.Done():
+		}
+	}()
+	resp, err := t.next.RoundTrip(req.WithContext(ctx))
+	res, terr := c.ticket.Result()
+	if terr != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		cancel()
+		return nil, &lateRefusal{terr}
+	}
+	c.res = res
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose ends the context of an upstream call when its body is
+// closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // maxJSONMeter bounds the copy of a non-streaming answer kept to read its

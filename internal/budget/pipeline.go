@@ -1,0 +1,330 @@
+package budget
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// Pipelined pre-call checks.
+//
+// A durable reservation costs a database commit (about 0.3 ms on SQLite,
+// 1 ms or more on PostgreSQL). PreCallCheckAsync takes that commit off the
+// gateway's critical path when it can predict its outcome: it starts the
+// commit and returns at once with a Ticket saying "predicted", so the
+// gateway forwards the call while the reservation commits, and holds the
+// upstream's answer until it has (the upstream's time to first byte is far
+// longer). The database stays the only judge: when it refuses a predicted
+// call after all (another replica spent the user's budget in between), the
+// gateway cancels the upstream call and answers the refusal, and nothing is
+// booked; the ledger never shows admitted spend past a limit.
+//
+// The prediction is made from a view of each active user kept in memory:
+// the limit and committed spend (spent + reserved) of the last database
+// answer, plus the calls admitted since then that the database has not
+// answered yet. A call is predicted only with room to spare (its worst case
+// fits twice into what is left), with fair-use counts well below their
+// limits, and no refusal within the last fair-use window; anything else (a
+// user near a limit, a view older than viewTTL, an error) takes the exact
+// path and waits for the database before forwarding. A call of a user the
+// service has no view of loads one with a read (no write, no lock).
+
+// viewTTL is how long a user's view predicts without a new database answer.
+const viewTTL = 30 * time.Second
+
+// Ticket is a pre-call check under way (PreCallCheckAsync).
+type Ticket struct {
+	// Predicted reports that the service expects the check to admit the
+	// call and is committing the reservation in the background. When
+	// false, the check has already ended: Done is closed.
+	Predicted bool
+	done      chan struct{}
+	res       Reservation
+	err       error
+}
+
+// Decided returns a ticket that has already ended with res and err; for
+// budgets that decide at once (tests, benchmarks).
+func Decided(res Reservation, err error) *Ticket {
+	t := &Ticket{done: make(chan struct{}), res: res, err: err}
+	close(t.done)
+	return t
+}
+
+// NewPendingTicket returns a Predicted ticket and the function that ends it
+// with a reservation or an error; for budgets other than Service (test
+// doubles of the gateway's Budget). end must be called once.
+func NewPendingTicket() (*Ticket, func(Reservation, error)) {
+	t := &Ticket{Predicted: true, done: make(chan struct{})}
+	return t, func(res Reservation, err error) {
+		t.res, t.err = res, err
+		close(t.done)
+	}
+}
+
+// Done is closed when the check has ended and its reservation is durable
+// (or it was refused, or failed).
+func (t *Ticket) Done() <-chan struct{} { return t.done }
+
+// Result blocks until Done and returns what PreCallCheck would have: the
+// reservation, or a *DenyError, a *FairUseError or a database error.
+func (t *Ticket) Result() (Reservation, error) {
+	<-t.done
+	return t.res, t.err
+}
+
+// PreCallCheckAsync is PreCallCheck without waiting for the database when
+// the outcome can be predicted (see the package's "Pipelined pre-call
+// checks"): it returns a Ticket with Predicted set, whose reservation
+// commits on another goroutine, even if ctx ends (the caller is about to
+// spend). Otherwise it runs PreCallCheck on the caller's goroutine, with
+// ctx, and returns the ended ticket.
+func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
+	if c.Amount < 0 || c.UserID == "" {
+		return Decided(s.PreCallCheck(ctx, c))
+	}
+	c.Amount = min(c.Amount, MaxCost)
+	now := s.now()
+	period := s.cfg.Period.Key(now)
+	v := s.view(ctx, c, period, now)
+	if v == nil {
+		s.cfg.Metrics.observePrediction("exact")
+		return Decided(s.PreCallCheck(ctx, c))
+	}
+	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: period, now: now}}
+	// Predicted and queued in one step under the view's lock, so that a
+	// call of this user decided after it (and queued after it) is
+	// committed after it: a call admitted on a prediction is never refused
+	// because a later call of this process took its budget.
+	v.mu.Lock()
+	predicted := v.predict(c, now, s.cfg.FairUse)
+	var err error
+	if predicted {
+		if err = s.enqueue(context.WithoutCancel(ctx), o); err != nil {
+			v.unanswered -= c.Amount
+		}
+	}
+	v.mu.Unlock()
+	if !predicted {
+		s.cfg.Metrics.observePrediction("exact")
+		return Decided(s.PreCallCheck(ctx, c))
+	}
+	if err != nil {
+		return Decided(Reservation{}, err)
+	}
+	s.cfg.Metrics.observePrediction("predicted")
+	t := &Ticket{Predicted: true, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		t.res, t.err = s.awaitReserve(o, true)
+		if t.err != nil {
+			s.cfg.Metrics.observePrediction("refused")
+		}
+	}()
+	return t
+}
+
+// userKey names a view: a user calling through a tenant, in a period (the
+// tenant can set the user's limit).
+type userKey struct{ user, tenant, period string }
+
+// userView is what the service knows of one user's budget (see
+// "Pipelined pre-call checks"). Guarded by mu.
+type userView struct {
+	mu sync.Mutex
+	// limit and committed (spent + reserved) are from the last database
+	// answer, committed including that answer's own reservation.
+	limit     NanoUSD
+	committed NanoUSD
+	at        time.Time
+	// unanswered is the worst case of calls admitted on a prediction
+	// whose reservation the database has not answered yet.
+	unanswered NanoUSD
+	// refusedUntil: no prediction before this time (a refusal was seen).
+	refusedUntil time.Time
+	// baseRequests and baseTokens are the fair-use window's counts when
+	// the view was loaded (calls made before, or elsewhere), counted
+	// until baseUntil; recent are the calls admitted since.
+	baseRequests, baseTokens int64
+	baseUntil                time.Time
+	recent                   []admitted
+}
+
+type admitted struct {
+	at     time.Time
+	tokens int64
+}
+
+// view returns the user's view, loading it when the service has none or
+// only a stale one; nil when it cannot be loaded (the exact path then
+// reports the error).
+func (s *Service) view(ctx context.Context, c Call, period string, now time.Time) *userView {
+	k := userKey{c.UserID, c.Tenant, period}
+	v, known := s.views.Load(k)
+	if known {
+		uv := v.(*userView)
+		uv.mu.Lock()
+		fresh := now.Sub(uv.at) < viewTTL
+		uv.mu.Unlock()
+		if fresh {
+			return uv
+		}
+	}
+	nv, err := s.loadView(ctx, c, period, now)
+	if err != nil {
+		s.log.Debug("load budget view", "user", c.UserID, "err", err)
+		return nil
+	}
+	if !known {
+		v, _ = s.views.LoadOrStore(k, nv) // a concurrent first call may have stored one
+		return v.(*userView)
+	}
+	// Refreshed in place: the calls admitted on it are still unanswered.
+	uv := v.(*userView)
+	uv.mu.Lock()
+	uv.limit, uv.committed, uv.at = nv.limit, nv.committed, nv.at
+	uv.baseRequests, uv.baseTokens, uv.baseUntil, uv.recent = nv.baseRequests, nv.baseTokens, nv.baseUntil, nil
+	uv.mu.Unlock()
+	return uv
+}
+
+// loadView reads a user's limit, committed spend and fair-use window in one
+// query, without writing or locking anything.
+func (s *Service) loadView(ctx context.Context, c Call, period string, now time.Time) (*userView, error) {
+	st, err := s.viewQuery(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load budget view: %w", err)
+	}
+	f := s.cfg.FairUse
+	var window int64
+	if f.on() {
+		window = f.Window.Milliseconds()
+	}
+	uv := &userView{at: now, baseUntil: now.Add(f.Window)}
+	if err := st.QueryRowContext(ctx, c.UserID, c.Tenant, s.cfg.DefaultLimit, c.UserID, period, window,
+		c.UserID, controlstore.Millis(now)-window).Scan(&uv.limit, &uv.committed, &uv.baseRequests, &uv.baseTokens); err != nil {
+		return nil, fmt.Errorf("load budget view: %w", err)
+	}
+	return uv, nil
+}
+
+// viewQuery returns loadView's statement, prepared once (parsing it anew
+// cost more than running it). Its fair-use part reads nothing when the
+// window (the sixth argument) is zero.
+func (s *Service) viewQuery(ctx context.Context) (*sql.Stmt, error) {
+	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	if s.viewStmt != nil {
+		return s.viewStmt, nil
+	}
+	st, err := s.db.SQL.PrepareContext(ctx, s.db.Q(`SELECT
+		COALESCE((SELECT limit_nano FROM budget_limits WHERE user_id = ?),
+			(SELECT limit_nano FROM budget_tenant_limits WHERE tenant = ?), ?),
+		COALESCE((SELECT spent_nano + reserved_nano FROM budget_usage WHERE user_id = ? AND period = ?), 0),
+		w.n, w.tokens
+		FROM (SELECT COUNT(*) AS n, COALESCE(SUM(COALESCE(tokens, tokens_estimate)), 0) AS tokens
+			FROM budget_reservations WHERE ? > 0 AND user_id = ? AND created_at > ?) w`))
+	if err != nil {
+		return nil, err
+	}
+	s.viewStmt = st
+	return st, nil
+}
+
+// predict decides whether c is admitted on prediction and, if so, counts
+// it as unanswered. v.mu is held.
+func (v *userView) predict(c Call, now time.Time, f FairUse) bool {
+	if now.Before(v.refusedUntil) || now.Sub(v.at) >= viewTTL {
+		return false
+	}
+	if v.committed+v.unanswered+2*c.Amount > v.limit {
+		return false
+	}
+	if f.on() {
+		v.prune(now, f.Window)
+		n, tokens := int64(len(v.recent)), c.EstimatedTokens
+		for _, a := range v.recent {
+			tokens += a.tokens
+		}
+		if now.Before(v.baseUntil) {
+			n, tokens = n+v.baseRequests, tokens+v.baseTokens
+		}
+		// Well below the limits: three quarters, leaving room for calls
+		// made through other replicas meanwhile.
+		if f.MaxRequests > 0 && 4*(n+1) > 3*f.MaxRequests {
+			return false
+		}
+		if f.MaxTokens > 0 && 4*tokens > 3*f.MaxTokens {
+			return false
+		}
+	}
+	v.unanswered += c.Amount
+	return true
+}
+
+// prune drops admissions older than the fair-use window. v.mu is held.
+func (v *userView) prune(now time.Time, window time.Duration) {
+	i := 0
+	for i < len(v.recent) && now.Sub(v.recent[i].at) >= window {
+		i++
+	}
+	v.recent = v.recent[i:]
+}
+
+// answered records the database's answer to a reservation of c: r holds
+// the limit and the committed spend before it. predicted says whether c was
+// counted as unanswered.
+func (s *Service) answered(r *reserveArgs, predicted bool, err error) {
+	v, ok := s.views.Load(userKey{r.call.UserID, r.call.Tenant, r.period})
+	if !ok {
+		if err != nil || r.outcome == "" {
+			return
+		}
+		// A user seen first on the exact path: its answer is a view.
+		nv := &userView{at: r.now}
+		v, _ = s.views.LoadOrStore(userKey{r.call.UserID, r.call.Tenant, r.period}, nv)
+	}
+	uv := v.(*userView)
+	uv.mu.Lock()
+	defer uv.mu.Unlock()
+	if predicted {
+		uv.unanswered = max(uv.unanswered-r.call.Amount, 0)
+	}
+	if err != nil || r.outcome == "" {
+		return
+	}
+	uv.limit, uv.committed, uv.at = r.limit, r.committed, r.now
+	switch r.outcome {
+	case "ok":
+		uv.committed += r.call.Amount
+		if s.cfg.FairUse.on() {
+			uv.recent = append(uv.recent, admitted{at: r.now, tokens: r.call.EstimatedTokens})
+		}
+	case "budget":
+		uv.refusedUntil = r.now.Add(max(s.cfg.FairUse.Window, time.Minute))
+	default:
+		uv.refusedUntil = r.now.Add(max(r.retryAfter, time.Second))
+	}
+}
+
+// settled lowers the committed spend of res's user by what the settlement
+// released: the reservation, less the actual cost now spent.
+func (s *Service) settled(res Reservation, actual NanoUSD) {
+	v, ok := s.views.Load(userKey{res.UserID, res.Tenant, res.Period})
+	if !ok {
+		return
+	}
+	uv := v.(*userView)
+	uv.mu.Lock()
+	uv.committed = max(uv.committed-res.Amount+actual, 0)
+	uv.mu.Unlock()
+}
+
+// forgetViews drops every view: a limit changed, so the next call of each
+// user reads the new one.
+func (s *Service) forgetViews() { s.views.Clear() }

@@ -1,0 +1,152 @@
+package budget
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/controlstore"
+)
+
+// testPipelinedNeverOvershoot fires 64 simultaneous pipelined checks
+// (PreCallCheckAsync, the gateway's path) at a user seen before and at one
+// never seen, whose budgets cover exactly k calls: exactly k are admitted,
+// whatever was predicted, and every call admitted on a prediction is
+// confirmed (this process never refuses its own earlier prediction).
+func testPipelinedNeverOvershoot(t *testing.T, db *controlstore.DB) {
+	const perCall = 1_000_000
+	s := newService(t, db, Config{DefaultLimit: 3*perCall + perCall/2})
+	ctx := t.Context()
+	if _, err := s.PreCallCheck(ctx, call("warm", perCall)); err != nil { // loads "warm"'s view; 2.5 calls left
+		t.Fatal(err)
+	}
+	for user, want := range map[string]int64{"warm": 2, "brand-new": 3} {
+		var admitted, predictedRefused atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 64 {
+			wg.Go(func() {
+				<-start
+				tk := s.PreCallCheckAsync(ctx, call(user, perCall))
+				_, err := tk.Result()
+				switch {
+				case err == nil:
+					admitted.Add(1)
+				case !errors.Is(err, ErrDenied):
+					t.Errorf("%s: got error %v, want nil or ErrDenied", user, err)
+				case tk.Predicted:
+					predictedRefused.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if got := admitted.Load(); got != want {
+			t.Errorf("%s: admitted %d of 64 concurrent calls, want %d", user, got, want)
+		}
+		if n := predictedRefused.Load(); n != 0 {
+			t.Errorf("%s: %d calls predicted, then refused, with no other writer", user, n)
+		}
+		sp, err := s.Spend(ctx, user, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sp.Spent+sp.Reserved > sp.Limit {
+			t.Errorf("%s: committed %d over limit %d", user, sp.Spent+sp.Reserved, sp.Limit)
+		}
+	}
+}
+
+// testPredictionRefusedByOtherReplica: a replica predicts from what it last
+// saw, another replica spends the user's budget meanwhile, and the
+// database refuses the predicted call: the ticket was Predicted, its
+// Result is a *DenyError, nothing is reserved for it, and the next call of
+// the user is not predicted (it waits for the database).
+func testPredictionRefusedByOtherReplica(t *testing.T, db *controlstore.DB) {
+	const perCall = 1_000_000
+	a := newService(t, db, Config{DefaultLimit: 100 * perCall})
+	b := newService(t, db, Config{DefaultLimit: 100 * perCall})
+	ctx := t.Context()
+	first := a.PreCallCheckAsync(ctx, call("shared", perCall))
+	if _, err := first.Result(); err != nil {
+		t.Fatal(err)
+	}
+	if !first.Predicted {
+		t.Errorf("first call with 99 calls' room: not predicted")
+	}
+	if _, err := b.PreCallCheck(ctx, call("shared", 98*perCall+perCall/2)); err != nil { // leaves half a call
+		t.Fatal(err)
+	}
+	late := a.PreCallCheckAsync(ctx, call("shared", perCall))
+	_, err := late.Result()
+	var deny *DenyError
+	if !late.Predicted || !errors.As(err, &deny) {
+		t.Fatalf("call after the other replica spent: predicted %v, error %v; want predicted and a *DenyError", late.Predicted, err)
+	}
+	sp, err := a.Spend(ctx, "shared", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := NanoUSD(99*perCall + perCall/2); sp.Reserved != want || sp.Spent+sp.Reserved > sp.Limit {
+		t.Errorf("reserved %d (limit %d), want %d", sp.Reserved, sp.Limit, want)
+	}
+	next := a.PreCallCheckAsync(ctx, call("shared", perCall/4))
+	if _, err := next.Result(); err != nil {
+		t.Fatalf("a call that fits: %v", err)
+	}
+	if next.Predicted {
+		t.Errorf("call right after a refusal was predicted; want the exact path")
+	}
+}
+
+// testPredictionFollowsLimitChange: lowering a user's limit takes effect on
+// the very next call of this replica, predicted or not.
+func testPredictionFollowsLimitChange(t *testing.T, db *controlstore.DB) {
+	const perCall = 1_000_000
+	s := newService(t, db, Config{DefaultLimit: 100 * perCall})
+	ctx := t.Context()
+	if _, err := s.PreCallCheckAsync(ctx, call("lowered", perCall)).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUserLimit(ctx, "lowered", perCall+perCall/2); err != nil {
+		t.Fatal(err)
+	}
+	tk := s.PreCallCheckAsync(ctx, call("lowered", perCall))
+	if _, err := tk.Result(); !errors.Is(err, ErrDenied) {
+		t.Fatalf("call over the lowered limit: got %v, want ErrDenied", err)
+	}
+	if tk.Predicted {
+		t.Errorf("call over the lowered limit was predicted")
+	}
+}
+
+// testPredictionRespectsFairUse: calls near the fair-use limit are not
+// predicted, and the limit holds exactly.
+func testPredictionRespectsFairUse(t *testing.T, db *controlstore.DB) {
+	s := newService(t, db, Config{DefaultLimit: 100 * NanoPerUSD, FairUse: FairUse{Window: time.Hour, MaxRequests: 8}})
+	ctx := t.Context()
+	var admitted, predicted int
+	for range 12 {
+		tk := s.PreCallCheckAsync(ctx, call("busy", 1000))
+		if tk.Predicted {
+			predicted++
+		}
+		_, err := tk.Result()
+		switch {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, ErrFairUse):
+			t.Fatalf("got %v, want nil or ErrFairUse", err)
+		case tk.Predicted:
+			t.Errorf("call %d predicted, then refused for fair use", admitted+1)
+		}
+	}
+	if admitted != 8 {
+		t.Errorf("admitted %d calls, want the fair-use limit, 8", admitted)
+	}
+	if predicted == 0 || predicted > 6 {
+		t.Errorf("%d calls predicted; want some, and none of the last quarter before the limit", predicted)
+	}
+}
