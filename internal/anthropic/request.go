@@ -1,6 +1,7 @@
 package anthropic
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,25 +117,31 @@ func (s *scanner) eat(c byte) bool {
 }
 
 // str consumes a string and returns it with its quotes, undecoded.
+//
+// It jumps from quote to quote (bytes.IndexByte) rather than reading every
+// byte: a request's strings are most of its tens of kilobytes. A quote is
+// the end unless an odd number of backslashes precedes it. Control
+// characters inside a string are left for the upstream to refuse.
 func (s *scanner) str() ([]byte, bool) {
 	start := s.i
 	if !s.eat('"') {
 		return nil, false
 	}
-	for s.i < len(s.b) {
-		switch c := s.b[s.i]; {
-		case c == '\\':
-			s.i += 2
-		case c == '"':
-			s.i++
-			return s.b[start:s.i], true
-		case c < 0x20:
+	for {
+		j := bytes.IndexByte(s.b[s.i:], '"')
+		if j < 0 {
+			s.i = len(s.b)
 			return nil, false
-		default:
-			s.i++
+		}
+		s.i += j + 1
+		escapes := 0
+		for k := s.i - 2; k > start && s.b[k] == '\\'; k-- {
+			escapes++
+		}
+		if escapes%2 == 0 {
+			return s.b[start:s.i], true
 		}
 	}
-	return nil, false
 }
 
 // literal consumes a number, true, false or null and returns it.

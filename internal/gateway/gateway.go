@@ -433,41 +433,45 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 
 // settle books the call's cost in the background.
 func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome, requestID string) {
+	h.background(func() { h.book(c, u, cost, outcome, requestID) })
+}
+
+// book waits for the call's reservation and replaces it with cost (the
+// postCallDebit), retrying a failed debit twice.
+func (h *Handler) book(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome, requestID string) {
 	if requestID == "" {
 		requestID = c.requestID
 	}
-	h.background(func() {
-		res, err := c.ticket.Result()
-		if err != nil {
-			return // refused or failed: nothing was reserved
+	res, err := c.ticket.Result()
+	if err != nil {
+		return // refused or failed: nothing was reserved
+	}
+	d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
+	for attempt := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = h.cfg.Budget.PostCallDebit(ctx, res, cost, d)
+		cancel()
+		if err == nil || errors.Is(err, budget.ErrClosed) {
+			break
 		}
-		d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
-		for attempt := range 3 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err = h.cfg.Budget.PostCallDebit(ctx, res, cost, d)
-			cancel()
-			if err == nil || errors.Is(err, budget.ErrClosed) {
-				break
-			}
-			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-		}
-		model := "other"
-		if _, known := h.cfg.Prices.Lookup(u.Model, c.start); known {
-			model = u.Model
-		}
-		h.m.settled(model, u, cost, outcome, err)
-		if err != nil {
-			// The reservation stays open and is charged in full when it
-			// expires: the debit is not lost, only overstated.
-			h.log.Error("post-call debit failed", "tenant", c.claims.Tenant, "conversation", c.claims.Conversation, "user", c.claims.User,
-				"request_id", requestID, "cost_nano_usd", cost, "outcome", outcome, "err", err)
-			return
-		}
-		h.log.Debug("call settled", "tenant", c.claims.Tenant, "env", c.claims.Env, "conversation", c.claims.Conversation, "user", c.claims.User,
-			"request_id", requestID, "model", u.Model, "outcome", outcome, "input_tokens", u.InputTokens, "output_tokens", u.OutputTokens,
-			"cache_write_tokens", u.CacheCreationInputTokens, "cache_read_tokens", u.CacheReadInputTokens,
-			"cost_nano_usd", cost, "duration_ms", time.Since(c.start).Milliseconds())
-	})
+		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+	}
+	model := "other"
+	if _, known := h.cfg.Prices.Lookup(u.Model, c.start); known {
+		model = u.Model
+	}
+	h.m.settled(model, u, cost, outcome, err)
+	if err != nil {
+		// The reservation stays open and is charged in full when it
+		// expires: the debit is not lost, only overstated.
+		h.log.Error("post-call debit failed", "tenant", c.claims.Tenant, "conversation", c.claims.Conversation, "user", c.claims.User,
+			"request_id", requestID, "cost_nano_usd", cost, "outcome", outcome, "err", err)
+		return
+	}
+	h.log.Debug("call settled", "tenant", c.claims.Tenant, "env", c.claims.Env, "conversation", c.claims.Conversation, "user", c.claims.User,
+		"request_id", requestID, "model", u.Model, "outcome", outcome, "input_tokens", u.InputTokens, "output_tokens", u.OutputTokens,
+		"cache_write_tokens", u.CacheCreationInputTokens, "cache_read_tokens", u.CacheReadInputTokens,
+		"cost_nano_usd", cost, "duration_ms", time.Since(c.start).Milliseconds())
 }
 
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
@@ -593,6 +597,7 @@ type meteredBody struct {
 	decoder   *decodeTee // set when the upstream compressed the answer
 	received  int64      // bytes read from the upstream
 	readErr   error      // the first read error other than EOF
+	eof       bool       // the upstream's answer ended
 	once      sync.Once
 	// undecodable is a Content-Encoding the tee cannot read.
 	undecodable string
@@ -605,72 +610,82 @@ func (m *meteredBody) Read(p []byte) (int, error) {
 		m.tee.Write(p[:n])
 	}
 	if err == io.EOF {
-		m.finish(true)
+		m.eof = true // settled at Close, after the last bytes reached the client
 	} else if err != nil && m.readErr == nil {
 		m.readErr = err
 	}
 	return n, err
 }
 
+// Close settles the call; the reverse proxy closes the body once it has
+// relayed (and flushed) all of it, or given up.
 func (m *meteredBody) Close() error {
 	err := m.rc.Close()
-	m.finish(false)
+	m.finish(m.eof)
 	return err
 }
 
-// finish works out what the call cost and settles it.
+// finish settles the call once, in the background: working out the cost
+// (parsing a JSON answer's usage, say) is no reason to keep the client
+// waiting.
 func (m *meteredBody) finish(eof bool) {
 	m.once.Do(func() {
-		h, c := m.h, m.c
-		h.m.streams(-1)
-		var decodeErr error
-		if m.decoder != nil {
-			decodeErr = m.decoder.finish()
-		}
-		var u anthropic.Usage
-		if m.stream != nil {
-			u = m.stream.Usage()
-		} else if pu, ok := anthropic.ParseMessageUsage(m.buf.Bytes()); ok && !m.buf.overflow {
-			u = pu
-		}
-		if u.Model == "" {
-			u.Model = c.model
-		}
-		complete := u.Finished
-		outcome := "complete"
-		switch {
-		case m.status != http.StatusOK:
-			// Anthropic does not bill calls that fail with an error status.
-			h.settle(c, u, 0, "http_error", m.requestID)
-			return
-		case m.undecodable != "" || (!u.Started && u.ErrorType == "" && m.received > 0):
-			// Bytes came back that the tee could not read: charge the
-			// reservation, never nothing.
-			h.log.Warn("answer not metered: charging the reservation", "request_id", c.requestID, "content_encoding", m.undecodable,
-				"decode_err", decodeErr, "received_bytes", m.received)
-			h.settle(c, u, c.res.Amount, "unmetered", m.requestID)
-			return
-		case !u.Started && u.ErrorType != "":
-			h.settle(c, u, 0, "stream_error", m.requestID)
-			return
-		case !u.Started:
-			h.settle(c, u, 0, "no_answer", m.requestID)
-			return
-		case u.ErrorType != "":
-			outcome = "stream_error"
-		case complete:
-		case c.client.Err() != nil:
-			outcome = "client_disconnect"
-		case m.readErr != nil || !eof:
-			outcome = "upstream_cut"
-		default:
-			outcome = "incomplete"
-		}
-		billed := u
-		billed.OutputTokens = u.BilledOutputTokens(complete)
-		price, _ := h.cfg.Prices.PriceFor(u.Model, c.start)
-		h.settle(c, billed, price.Cost(billed), outcome, m.requestID)
+		m.h.m.streams(-1)
+		clientGone := m.c.client.Err() != nil
+		m.h.background(func() { m.settle(eof, clientGone) })
 	})
+}
+
+// settle works out what the call cost and books it.
+func (m *meteredBody) settle(eof, clientGone bool) {
+	h, c := m.h, m.c
+	var decodeErr error
+	if m.decoder != nil {
+		decodeErr = m.decoder.finish()
+	}
+	var u anthropic.Usage
+	if m.stream != nil {
+		u = m.stream.Usage()
+	} else if pu, ok := anthropic.ParseMessageUsage(m.buf.Bytes()); ok && !m.buf.overflow {
+		u = pu
+	}
+	if u.Model == "" {
+		u.Model = c.model
+	}
+	complete := u.Finished
+	outcome := "complete"
+	switch {
+	case m.status != http.StatusOK:
+		// Anthropic does not bill calls that fail with an error status.
+		h.book(c, u, 0, "http_error", m.requestID)
+		return
+	case m.undecodable != "" || (!u.Started && u.ErrorType == "" && m.received > 0):
+		// Bytes came back that the tee could not read: charge the
+		// reservation, never nothing.
+		h.log.Warn("answer not metered: charging the reservation", "request_id", c.requestID, "content_encoding", m.undecodable,
+			"decode_err", decodeErr, "received_bytes", m.received)
+		h.book(c, u, c.res.Amount, "unmetered", m.requestID)
+		return
+	case !u.Started && u.ErrorType != "":
+		h.book(c, u, 0, "stream_error", m.requestID)
+		return
+	case !u.Started:
+		h.book(c, u, 0, "no_answer", m.requestID)
+		return
+	case u.ErrorType != "":
+		outcome = "stream_error"
+	case complete:
+	case clientGone:
+		outcome = "client_disconnect"
+	case m.readErr != nil || !eof:
+		outcome = "upstream_cut"
+	default:
+		outcome = "incomplete"
+	}
+	billed := u
+	billed.OutputTokens = u.BilledOutputTokens(complete)
+	price, _ := h.cfg.Prices.PriceFor(u.Model, c.start)
+	h.book(c, billed, price.Cost(billed), outcome, m.requestID)
 }
 
 // limitedBuffer keeps the first maxJSONMeter bytes written to it.
