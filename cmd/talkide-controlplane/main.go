@@ -152,6 +152,13 @@ func budgetFromEnv(cfg *controlplane.Config) error {
 		return fmt.Errorf("TALKIDE_BUDGET_PERIOD: %w", err)
 	}
 	cfg.BudgetPeriod = period
+	switch v := os.Getenv("TALKIDE_BUDGET_PREDICT"); v {
+	case "", "on":
+	case "off":
+		cfg.NoBudgetPrediction = true
+	default:
+		return fmt.Errorf("TALKIDE_BUDGET_PREDICT %q: want on or off", v)
+	}
 	for name, dst := range map[string]*time.Duration{"TALKIDE_FAIR_USE_WINDOW": &cfg.FairUse.Window, "TALKIDE_RESERVATION_TTL": &cfg.ReservationTTL} {
 		if v := os.Getenv(name); v != "" {
 			if name == "TALKIDE_FAIR_USE_WINDOW" && (v == "0" || v == "off") {

@@ -65,6 +65,7 @@ func TestConformance(t *testing.T) {
 		{"PredictionRefusedByOtherReplica", testPredictionRefusedByOtherReplica},
 		{"PredictionFollowsLimitChange", testPredictionFollowsLimitChange},
 		{"PredictionRespectsFairUse", testPredictionRespectsFairUse},
+		{"NoPrediction", testNoPrediction},
 	}
 	for store, open := range stores {
 		t.Run(store, func(t *testing.T) {

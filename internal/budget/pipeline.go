@@ -33,6 +33,14 @@ import (
 // user near a limit, a view older than viewTTL, an error) takes the exact
 // path and waits for the database before forwarding. A call of a user the
 // service has no view of loads one with a read (no write, no lock).
+//
+// What it trades: a call forwarded on a prediction is on its way upstream
+// for a few milliseconds (CommitDelay plus the commit) before its
+// reservation is on disk. Should the control plane die in that window, the
+// call is cut with the process, and its reservation, with whatever the
+// upstream billed for it, is not booked. Config.NoPrediction (the control
+// plane's TALKIDE_BUDGET_PREDICT=off) forwards every call only after its
+// reservation is durable, at the cost of that commit on every call.
 
 // CommitDelay is how long a predicted reservation waits before its commit
 // starts: long enough for the gateway to have forwarded the call (a commit
@@ -92,7 +100,7 @@ func (t *Ticket) Result() (Reservation, error) {
 // spend). Otherwise it runs PreCallCheck on the caller's goroutine, with
 // ctx, and returns the ended ticket.
 func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
-	if c.Amount < 0 || c.UserID == "" {
+	if c.Amount < 0 || c.UserID == "" || s.cfg.NoPrediction {
 		return Decided(s.PreCallCheck(ctx, c))
 	}
 	c.Amount = min(c.Amount, MaxCost)

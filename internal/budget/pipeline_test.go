@@ -150,3 +150,24 @@ func testPredictionRespectsFairUse(t *testing.T, db *controlstore.DB) {
 		t.Errorf("%d calls predicted; want some, and none of the last quarter before the limit", predicted)
 	}
 }
+
+// testNoPrediction: with NoPrediction every check has ended, durably,
+// before PreCallCheckAsync returns.
+func testNoPrediction(t *testing.T, db *controlstore.DB) {
+	s := newService(t, db, Config{DefaultLimit: 100 * NanoPerUSD, NoPrediction: true})
+	for i := range 3 {
+		tk := s.PreCallCheckAsync(t.Context(), call("strict", 1000))
+		select {
+		case <-tk.Done():
+		default:
+			t.Fatalf("call %d: ticket still committing", i)
+		}
+		if _, err := tk.Result(); err != nil || tk.Predicted {
+			t.Fatalf("call %d: predicted %v, error %v; want a durable reservation, not predicted", i, tk.Predicted, err)
+		}
+	}
+	sp, err := s.Spend(t.Context(), "strict", "acme")
+	if err != nil || sp.Reserved != 3000 {
+		t.Errorf("reserved %d (%v), want 3000", sp.Reserved, err)
+	}
+}

@@ -134,6 +134,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, receives the service's measurements.
 	Metrics *Metrics
+	// NoPrediction makes every PreCallCheckAsync wait for the durable
+	// reservation, so a call is forwarded only once it is on disk (see
+	// pipeline.go for what prediction trades).
+	NoPrediction bool
 }
 
 // Service is the UserBudgetService over the control-plane database

@@ -44,7 +44,7 @@ func newSpendParts(cfg Config, db *controlstore.DB) *spendParts {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	svc := budget.NewService(db, budget.Config{
 		DefaultLimit: cfg.DefaultUserLimit, Period: cfg.BudgetPeriod, ReservationTTL: cfg.ReservationTTL,
-		FairUse: cfg.FairUse, Logger: cfg.Logger.With("component", "budget"), Metrics: budget.NewMetrics(reg),
+		FairUse: cfg.FairUse, NoPrediction: cfg.NoBudgetPrediction, Logger: cfg.Logger.With("component", "budget"), Metrics: budget.NewMetrics(reg),
 	})
 	var gwKeys []token.Key
 	for _, mk := range cfg.MasterKeys {

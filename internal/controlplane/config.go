@@ -43,6 +43,10 @@ type Config struct {
 	// TALKIDE_FAIR_USE_MAX_TOKENS]. Defaults: a 1-minute window, 120 calls,
 	// tokens unlimited. A negative Window is off.
 	FairUse budget.FairUse
+	// NoBudgetPrediction makes the gateway forward a call only after its
+	// reservation is durable, instead of while it commits
+	// [TALKIDE_BUDGET_PREDICT=off; default on].
+	NoBudgetPrediction bool
 	// ReservationTTL is how long an unsettled budget reservation lives
 	// before it is charged in full [TALKIDE_RESERVATION_TTL]. Default 30m.
 	ReservationTTL time.Duration
