@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -83,7 +84,7 @@ func run() error {
 	var conc, streams, stores string
 	flag.StringVar(&conc, "c", "1,16,64", "concurrencies (closed-loop clients)")
 	flag.StringVar(&streams, "stream", "false,true", "modes: false (JSON answer), true (SSE stream)")
-	flag.StringVar(&stores, "store", "sqlite,postgres", "budget stores: sqlite, postgres, none (no budget: the proxying alone)")
+	flag.StringVar(&stores, "store", "sqlite,postgres", "budget stores: sqlite, postgres, none (no budget: the gateway's proxying alone), bare (not the gateway: a plain net/http/httputil reverse proxy)")
 	flag.DurationVar(&o.duration, "d", time.Second, "measured time per run")
 	flag.IntVar(&o.rounds, "rounds", 3, "alternating direct and gateway runs per case")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured time before each run")
@@ -334,6 +335,10 @@ func startGateway(ctx context.Context, store string, up *url.URL, o options) (*g
 		}
 	case "none":
 		// No budget at all: what the proxying alone costs (for comparison).
+	case "bare":
+		// Not the gateway: net/http/httputil's reverse proxy with the
+		// same transport and flushing, and nothing else (no token, no
+		// metering): the floor of any Go proxy on this machine.
 	default:
 		return nil, nil, fmt.Errorf("unknown store %q", store)
 	}
@@ -355,12 +360,16 @@ func startGateway(ctx context.Context, store string, up *url.URL, o options) (*g
 	gw := gateway.New(gateway.Config{Upstream: up, APIKey: "sk-bench", Keys: []token.Key{key}, Budget: bud,
 		Metrics: gateway.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	cleanup = append(cleanup, func() { gw.Close() })
+	var handler http.Handler = gw
+	if store == "bare" {
+		handler = bareProxy(up)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		stop()
 		return nil, nil, err
 	}
-	srv := httpapi.NewServer(ctx, ln.Addr().String(), gw, slog.New(slog.DiscardHandler))
+	srv := httpapi.NewServer(ctx, ln.Addr().String(), handler, slog.New(slog.DiscardHandler))
 	go srv.Serve(ln)
 	cleanup = append(cleanup, func() { srv.Close() })
 	signer := token.NewSigner(token.PurposeGateway, key)
@@ -545,6 +554,20 @@ func (r *result) finish() {
 		r.pre50, r.pre99 = r.pres[len(r.pres)*50/100], r.pres[min(len(r.pres)*99/100, len(r.pres)-1)]
 	}
 	r.rps = float64(len(all)) / r.elapsed.Seconds()
+}
+
+// bareProxy is the "bare" store: a plain reverse proxy to up that serves the
+// gateway's path.
+func bareProxy(up *url.URL) http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			pr.Out.URL.Path = strings.TrimPrefix(pr.In.URL.Path, contract.PathGatewayPrefix)
+			pr.Out.URL.RawPath = ""
+		},
+		Transport:     &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 512, IdleConnTimeout: 90 * time.Second},
+		FlushInterval: -1,
+	}
 }
 
 // admitAll is the "none" store: every call admitted, nothing booked.
