@@ -66,6 +66,8 @@ func TestConformance(t *testing.T) {
 		{"PredictionFollowsLimitChange", testPredictionFollowsLimitChange},
 		{"PredictionRespectsFairUse", testPredictionRespectsFairUse},
 		{"NoPrediction", testNoPrediction},
+		{"PipelinedFairUseBurst", testPipelinedFairUseBurst},
+		{"ViewKeepsUpWithBursts", testViewKeepsUpWithBursts},
 	}
 	for store, open := range stores {
 		t.Run(store, func(t *testing.T) {

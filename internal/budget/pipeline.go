@@ -111,7 +111,7 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 		s.cfg.Metrics.observePrediction("exact")
 		return Decided(s.PreCallCheck(ctx, c))
 	}
-	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: period, now: now}}
+	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: period, now: now}, predicted: true}
 	// Predicted and queued in one step under the view's lock, so that a
 	// call of this user decided after it (and queued after it) is
 	// committed after it: a call admitted on a prediction is never refused
@@ -121,7 +121,7 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	var err error
 	if predicted {
 		if err = s.enqueue(context.WithoutCancel(ctx), o); err != nil {
-			v.unanswered -= c.Amount
+			v.unpredict(c)
 		}
 	}
 	v.mu.Unlock()
@@ -139,7 +139,7 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	// result.
 	time.AfterFunc(CommitDelay, func() {
 		defer close(t.done)
-		t.res, t.err = s.awaitReserve(o, true)
+		t.res, t.err = s.awaitReserve(o)
 		if t.err != nil {
 			s.cfg.Metrics.observePrediction("refused")
 		}
@@ -147,22 +147,28 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	return t
 }
 
-// userKey names a view: a user calling through a tenant, in a period (the
-// tenant can set the user's limit).
-type userKey struct{ user, tenant, period string }
+// userKey names a view: a user's budget in a period.
+type userKey struct{ user, period string }
 
-// userView is what the service knows of one user's budget (see
+// userView is what the service knows of one user's budget in a period (see
 // "Pipelined pre-call checks"). Guarded by mu.
 type userView struct {
 	mu sync.Mutex
 	// limit and committed (spent + reserved) are from the last database
-	// answer, committed including that answer's own reservation.
+	// answer (applied by the leader in commit order, so never an older
+	// one after a newer), committed including that answer's own
+	// reservation. limit is the one of calls through tenant; a call
+	// through another tenant, whose limit may differ, is not predicted.
 	limit     NanoUSD
 	committed NanoUSD
+	tenant    string
 	at        time.Time
-	// unanswered is the worst case of calls admitted on a prediction
-	// whose reservation the database has not answered yet.
-	unanswered NanoUSD
+	// unanswered, unansweredRequests and unansweredTokens are the worst
+	// case, the number and the estimated tokens of calls admitted on a
+	// prediction whose reservation the database has not answered yet.
+	unanswered         NanoUSD
+	unansweredRequests int64
+	unansweredTokens   int64
 	// refusedUntil: no prediction before this time (a refusal was seen).
 	refusedUntil time.Time
 	// baseRequests and baseTokens are the fair-use window's counts when
@@ -182,7 +188,7 @@ type admitted struct {
 // only a stale one; nil when it cannot be loaded (the exact path then
 // reports the error).
 func (s *Service) view(ctx context.Context, c Call, period string, now time.Time) *userView {
-	k := userKey{c.UserID, c.Tenant, period}
+	k := userKey{c.UserID, period}
 	v, known := s.views.Load(k)
 	if known {
 		uv := v.(*userView)
@@ -202,11 +208,14 @@ func (s *Service) view(ctx context.Context, c Call, period string, now time.Time
 		v, _ = s.views.LoadOrStore(k, nv) // a concurrent first call may have stored one
 		return v.(*userView)
 	}
-	// Refreshed in place: the calls admitted on it are still unanswered.
+	// Refreshed in place, unless an answer came meanwhile: the calls
+	// admitted on it are still unanswered.
 	uv := v.(*userView)
 	uv.mu.Lock()
-	uv.limit, uv.committed, uv.at = nv.limit, nv.committed, nv.at
-	uv.baseRequests, uv.baseTokens, uv.baseUntil, uv.recent = nv.baseRequests, nv.baseTokens, nv.baseUntil, nil
+	if uv.at.Before(nv.at) {
+		uv.limit, uv.committed, uv.tenant, uv.at = nv.limit, nv.committed, nv.tenant, nv.at
+		uv.baseRequests, uv.baseTokens, uv.baseUntil, uv.recent = nv.baseRequests, nv.baseTokens, nv.baseUntil, nil
+	}
 	uv.mu.Unlock()
 	return uv
 }
@@ -223,7 +232,7 @@ func (s *Service) loadView(ctx context.Context, c Call, period string, now time.
 	if f.on() {
 		window = f.Window.Milliseconds()
 	}
-	uv := &userView{at: now, baseUntil: now.Add(f.Window)}
+	uv := &userView{at: now, tenant: c.Tenant, baseUntil: now.Add(f.Window)}
 	if err := st.QueryRowContext(ctx, c.UserID, c.Tenant, s.cfg.DefaultLimit, c.UserID, period, window,
 		c.UserID, controlstore.Millis(now)-window).Scan(&uv.limit, &uv.committed, &uv.baseRequests, &uv.baseTokens); err != nil {
 		return nil, fmt.Errorf("load budget view: %w", err)
@@ -257,7 +266,7 @@ func (s *Service) viewQuery(ctx context.Context) (*sql.Stmt, error) {
 // predict decides whether c is admitted on prediction and, if so, counts
 // it as unanswered. v.mu is held.
 func (v *userView) predict(c Call, now time.Time, f FairUse) bool {
-	if now.Before(v.refusedUntil) || now.Sub(v.at) >= viewTTL {
+	if now.Before(v.refusedUntil) || now.Sub(v.at) >= viewTTL || c.Tenant != v.tenant {
 		return false
 	}
 	if v.committed+v.unanswered+2*c.Amount > v.limit {
@@ -265,7 +274,7 @@ func (v *userView) predict(c Call, now time.Time, f FairUse) bool {
 	}
 	if f.on() {
 		v.prune(now, f.Window)
-		n, tokens := int64(len(v.recent)), c.EstimatedTokens
+		n, tokens := int64(len(v.recent))+v.unansweredRequests, c.EstimatedTokens+v.unansweredTokens
 		for _, a := range v.recent {
 			tokens += a.tokens
 		}
@@ -282,7 +291,16 @@ func (v *userView) predict(c Call, now time.Time, f FairUse) bool {
 		}
 	}
 	v.unanswered += c.Amount
+	v.unansweredRequests++
+	v.unansweredTokens += c.EstimatedTokens
 	return true
+}
+
+// unpredict takes back predict's count of c. v.mu is held.
+func (v *userView) unpredict(c Call) {
+	v.unanswered = max(v.unanswered-c.Amount, 0)
+	v.unansweredRequests = max(v.unansweredRequests-1, 0)
+	v.unansweredTokens = max(v.unansweredTokens-c.EstimatedTokens, 0)
 }
 
 // prune drops admissions older than the fair-use window. v.mu is held.
@@ -294,35 +312,43 @@ func (v *userView) prune(now time.Time, window time.Duration) {
 	v.recent = v.recent[i:]
 }
 
-// answered records the database's answer to a reservation of c: r holds
-// the limit and the committed spend before it. predicted says whether c was
-// counted as unanswered.
+// answered records the database's answer to a reservation: r holds the
+// limit and the committed spend before it (a negative limit: unknown).
+// predicted says the call was counted as unanswered. The batch's leader
+// calls it, in commit order.
 func (s *Service) answered(r *reserveArgs, predicted bool, err error) {
-	v, ok := s.views.Load(userKey{r.call.UserID, r.call.Tenant, r.period})
+	k := userKey{r.call.UserID, r.period}
+	v, ok := s.views.Load(k)
 	if !ok {
-		if err != nil || r.outcome == "" {
+		if err != nil || r.outcome == "" || r.limit < 0 {
 			return
 		}
 		// A user seen first on the exact path: its answer is a view.
-		nv := &userView{at: r.now}
-		v, _ = s.views.LoadOrStore(userKey{r.call.UserID, r.call.Tenant, r.period}, nv)
+		v, _ = s.views.LoadOrStore(k, &userView{tenant: r.call.Tenant})
 	}
 	uv := v.(*userView)
 	uv.mu.Lock()
 	defer uv.mu.Unlock()
 	if predicted {
-		uv.unanswered = max(uv.unanswered-r.call.Amount, 0)
+		uv.unpredict(r.call)
 	}
 	if err != nil || r.outcome == "" {
 		return
 	}
-	uv.limit, uv.committed, uv.at = r.limit, r.committed, r.now
+	if r.outcome == "ok" && s.cfg.FairUse.on() {
+		uv.recent = append(uv.recent, admitted{at: r.now, tokens: r.call.EstimatedTokens})
+	}
+	if r.limit < 0 {
+		uv.committed += r.call.Amount // admitted; the rest of the answer was lost
+		return
+	}
+	uv.limit, uv.committed, uv.tenant = r.limit, r.committed, r.call.Tenant
+	if r.now.After(uv.at) {
+		uv.at = r.now
+	}
 	switch r.outcome {
 	case "ok":
 		uv.committed += r.call.Amount
-		if s.cfg.FairUse.on() {
-			uv.recent = append(uv.recent, admitted{at: r.now, tokens: r.call.EstimatedTokens})
-		}
 	case "budget":
 		uv.refusedUntil = r.now.Add(max(s.cfg.FairUse.Window, time.Minute))
 	default:
@@ -330,19 +356,22 @@ func (s *Service) answered(r *reserveArgs, predicted bool, err error) {
 	}
 }
 
-// settled lowers the committed spend of res's user by what the settlement
-// released: the reservation, less the actual cost now spent.
-func (s *Service) settled(res Reservation, actual NanoUSD) {
-	v, ok := s.views.Load(userKey{res.UserID, res.Tenant, res.Period})
-	if !ok {
-		return
-	}
-	uv := v.(*userView)
-	uv.mu.Lock()
-	uv.committed = max(uv.committed-res.Amount+actual, 0)
-	uv.mu.Unlock()
-}
-
 // forgetViews drops every view: a limit changed, so the next call of each
 // user reads the new one.
 func (s *Service) forgetViews() { s.views.Clear() }
+
+// evictViews drops the views nobody used for viewTTL (they would be
+// reloaded anyway), so memory follows the active users. The writer calls it
+// with every expiry sweep.
+func (s *Service) evictViews(now time.Time) {
+	s.views.Range(func(k, v any) bool {
+		uv := v.(*userView)
+		uv.mu.Lock()
+		idle := now.Sub(uv.at) >= viewTTL && uv.unansweredRequests == 0
+		uv.mu.Unlock()
+		if idle {
+			s.views.CompareAndDelete(k, v)
+		}
+		return true
+	})
+}

@@ -171,3 +171,77 @@ func testNoPrediction(t *testing.T, db *controlstore.DB) {
 		t.Errorf("reserved %d (%v), want 3000", sp.Reserved, err)
 	}
 }
+
+// testPipelinedFairUseBurst: a burst of simultaneous calls at a fair-use
+// limit is never predicted past it (calls still committing count).
+func testPipelinedFairUseBurst(t *testing.T, db *controlstore.DB) {
+	s := newService(t, db, Config{DefaultLimit: 100 * NanoPerUSD, FairUse: FairUse{Window: time.Hour, MaxRequests: 8}})
+	ctx := t.Context()
+	if _, err := s.PreCallCheck(ctx, call("burst", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	var admitted, predictedRefused atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 32 {
+		wg.Go(func() {
+			<-start
+			tk := s.PreCallCheckAsync(ctx, call("burst", 1000))
+			_, err := tk.Result()
+			switch {
+			case err == nil:
+				admitted.Add(1)
+			case tk.Predicted:
+				predictedRefused.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := admitted.Load(); n != 7 {
+		t.Errorf("admitted %d, want the 7 left of the fair-use limit", n)
+	}
+	if n := predictedRefused.Load(); n != 0 {
+		t.Errorf("%d calls predicted, then refused by this process's own fair-use count", n)
+	}
+}
+
+// testViewKeepsUpWithBursts: after bursts of simultaneous calls the view
+// never counts less committed spend than the database holds (answers are
+// applied in commit order), and a call that fits into what the view
+// believes is left is never refused by this process's own spending.
+func testViewKeepsUpWithBursts(t *testing.T, db *controlstore.DB) {
+	const unit = 1_000_000
+	s := newService(t, db, Config{DefaultLimit: 80 * unit})
+	ctx := t.Context()
+	for round := range 8 {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				s.PreCallCheckAsync(ctx, call("bursty", unit)).Result()
+			})
+		}
+		close(start)
+		wg.Wait()
+		sp, err := s.Spend(ctx, "bursty", "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := s.views.Load(userKey{"bursty", s.Period()})
+		uv := v.(*userView)
+		uv.mu.Lock()
+		seen, unanswered := uv.committed, uv.unanswered
+		uv.mu.Unlock()
+		if seen < sp.Spent+sp.Reserved || unanswered != 0 {
+			t.Fatalf("round %d: view holds %d committed and %d unanswered; the database %d", round, seen, unanswered, sp.Spent+sp.Reserved)
+		}
+	}
+	// 64 of 80 units committed: a call of 7 fits twice into what is left
+	// and is predicted; it must be admitted.
+	tk := s.PreCallCheckAsync(ctx, call("bursty", 7*unit))
+	if _, err := tk.Result(); err != nil || !tk.Predicted {
+		t.Errorf("call that fits: predicted %v, error %v; want predicted and admitted", tk.Predicted, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,6 +186,9 @@ type Service struct {
 	// views are the active users' budgets as last seen (pipeline.go):
 	// userKey → *userView.
 	views sync.Map
+	// batchFailures counts reservation batches that failed as a whole
+	// (PostgreSQL) and were retried one by one.
+	batchFailures atomic.Int64
 	// viewMu guards viewStmt, loadView's prepared query.
 	viewMu   sync.Mutex
 	viewStmt *sql.Stmt
@@ -226,6 +230,12 @@ func (s *Service) Close() error {
 	s.mu.Unlock()
 	<-s.done
 	<-s.syncDone
+	s.viewMu.Lock()
+	if s.viewStmt != nil {
+		s.viewStmt.Close()
+		s.viewStmt = nil
+	}
+	s.viewMu.Unlock()
 	return nil
 }
 
@@ -274,26 +284,19 @@ func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error)
 	}
 	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
-	return s.reserve(ctx, &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}, false)
-}
-
-// reserve runs the database step of a pre-call check and records its answer
-// in the user's view; predicted says the call was admitted on a prediction.
-func (s *Service) reserve(ctx context.Context, r *reserveArgs, predicted bool) (Reservation, error) {
-	o := &op{reserve: r}
+	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}}
 	if err := s.enqueue(ctx, o); err != nil {
 		return Reservation{}, err
 	}
-	return s.awaitReserve(o, predicted)
+	return s.awaitReserve(o)
 }
 
 // awaitReserve leads or waits for the commit of reservation o (queued by
-// enqueue) and records the answer in the user's view.
-func (s *Service) awaitReserve(o *op, predicted bool) (Reservation, error) {
+// enqueue); the leader has recorded the answer in the user's view.
+func (s *Service) awaitReserve(o *op) (Reservation, error) {
 	r := o.reserve
 	start := time.Now()
 	err := s.lead(o)
-	s.answered(r, predicted, err)
 	if err == nil {
 		err = r.result()
 	}
@@ -357,7 +360,6 @@ func (s *Service) PostCallDebit(ctx context.Context, res Reservation, actual Nan
 	}
 	err := s.run(ctx, &op{settle: &settleArgs{res: res, amount: min(actual, MaxCost), debit: d, now: s.now()}})
 	if err == nil {
-		s.settled(res, min(actual, MaxCost))
 		s.cfg.Metrics.observeDebit(res, actual, d)
 	}
 	return err
@@ -378,6 +380,18 @@ type op struct {
 	settle  *settleArgs
 	expire  *expireArgs
 	done    chan error
+	// predicted marks a reservation admitted on a prediction (pipeline.go).
+	predicted bool
+}
+
+// finish ends o with err: a reservation's answer goes into the user's view
+// first, by the leader, in the order the batch committed, so the view
+// always holds the latest answer.
+func (s *Service) finish(o *op, err error) {
+	if o.reserve != nil {
+		s.answered(o.reserve, o.predicted, err)
+	}
+	o.done <- err
 }
 
 type expireArgs struct {
@@ -439,6 +453,14 @@ func (s *Service) lead(o *op) error {
 		select {
 		case err := <-o.done:
 			return err
+		case <-o.ctx.Done():
+			// Still queued: take it back, nothing was written. Taken by a
+			// leader: wait for its outcome, so the caller learns whether
+			// a reservation was made.
+			if s.unqueue(o) {
+				return o.ctx.Err()
+			}
+			return <-o.done
 		case token <- struct{}{}:
 			s.qmu.Lock()
 			batch := s.queue
@@ -450,6 +472,19 @@ func (s *Service) lead(o *op) error {
 			<-token
 		}
 	}
+}
+
+// unqueue removes o from the queue; false when a leader has taken it.
+func (s *Service) unqueue(o *op) bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for i, q := range s.queue {
+		if q == o {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // commitReserves commits a batch of queued reservations; the caller holds
@@ -545,6 +580,7 @@ func (s *Service) writer() {
 		case <-settleTimer.C:
 			flushSettles()
 		case <-sweep.C:
+			s.evictViews(s.now())
 			flushSettles()
 			o := &op{ctx: context.Background(), expire: &expireArgs{now: s.now()}, done: make(chan error, 1)}
 			s.commit([]*op{o})
@@ -587,14 +623,14 @@ func (s *Service) commit(ops []*op) {
 func (s *Service) commitHeld(ops []*op) {
 	if s.connGone {
 		for _, o := range ops {
-			o.done <- ErrClosed
+			s.finish(o, ErrClosed)
 		}
 		return
 	}
 	live := ops[:0:0]
 	for _, o := range ops {
 		if err := o.ctx.Err(); err != nil {
-			o.done <- err // the caller gave up before anything was written
+			s.finish(o, err) // the caller gave up before anything was written
 			continue
 		}
 		live = append(live, o)
@@ -603,13 +639,16 @@ func (s *Service) commitHeld(ops []*op) {
 		return
 	}
 	s.cfg.Metrics.observeBatch(len(live))
+	if s.db.Dialect == controlstore.Postgres {
+		byUser(live) // row locks in one order everywhere: no deadlocks
+	}
 	if err := s.tx(live); err == nil || len(live) == 1 {
 		for _, o := range live {
-			o.done <- err
+			s.finish(o, err)
 		}
 	} else {
 		for _, o := range live {
-			o.done <- s.tx([]*op{o})
+			s.finish(o, s.tx([]*op{o}))
 		}
 	}
 	s.dirty.Store(true)
@@ -843,7 +882,7 @@ func (s *Service) reservePostgres(batch []*op) {
 	live := batch[:0:0]
 	for _, o := range batch {
 		if err := o.ctx.Err(); err != nil {
-			o.done <- err // the caller gave up before anything was written
+			s.finish(o, err) // the caller gave up before anything was written
 			continue
 		}
 		live = append(live, o)
@@ -852,16 +891,59 @@ func (s *Service) reservePostgres(batch []*op) {
 		return
 	}
 	s.cfg.Metrics.observeBatch(len(live))
-	if err := s.reservePostgresBatch(live); err == nil || len(live) == 1 {
+	byUser(live)
+	err := s.reservePostgresBatch(live)
+	if err == nil {
 		for _, o := range live {
-			o.done <- err
+			s.finish(o, nil)
 		}
 		return
 	}
+	s.batchFailures.Add(1)
+	s.log.Warn("budget reservation batch failed; retrying each reservation alone", "reservations", len(live), "err", err)
 	for _, o := range live {
-		o.done <- s.reservePostgresBatch([]*op{o})
+		err := s.reservePostgresBatch([]*op{o})
+		if err != nil && s.reservedBefore(o.reserve) {
+			err = nil
+		}
+		s.finish(o, err)
 	}
 }
+
+// byUser orders a batch by user, keeping each user's calls in the order
+// they were admitted: every transaction that locks several users' usage
+// rows (reservation batches, settlement batches, expiry sweeps, on any
+// replica) locks them in this order, so none waits for another in a cycle.
+func byUser(ops []*op) {
+	slices.SortStableFunc(ops, func(a, b *op) int { return strings.Compare(a.user(), b.user()) })
+}
+
+func (o *op) user() string {
+	switch {
+	case o.reserve != nil:
+		return o.reserve.call.UserID
+	case o.settle != nil:
+		return o.settle.res.UserID
+	}
+	return ""
+}
+
+// reservedBefore reports whether r's reservation is in the database
+// although its statement failed (it committed, then the answer was lost):
+// then it was admitted, and its view numbers are unknown.
+func (s *Service) reservedBefore(r *reserveArgs) bool {
+	var one int
+	if s.db.SQL.QueryRowContext(context.Background(), `SELECT 1 FROM budget_reservations WHERE id = $1`, r.id).Scan(&one) != nil {
+		return false
+	}
+	r.outcome, r.limit = "ok", -1
+	return true
+}
+
+// reserveBatchTimeout bounds one batch statement: a row lock held for
+// longer (a stuck transaction elsewhere) fails the batch instead of
+// stalling every reservation of this process behind it.
+const reserveBatchTimeout = 30 * time.Second
 
 func (s *Service) reservePostgresBatch(ops []*op) error {
 	f := s.cfg.FairUse
@@ -881,7 +963,9 @@ func (s *Service) reservePostgresBatch(ops []*op) error {
 		amounts[i], estimates[i] = int64(c.Amount), c.EstimatedTokens
 		nows[i], expires[i] = controlstore.Millis(r.now), controlstore.Millis(r.now.Add(s.cfg.ReservationTTL))
 	}
-	rows, err := s.db.SQL.QueryContext(context.Background(), `SELECT r.outcome, r.limit_nano, r.committed_nano, r.retry_after_ms
+	ctx, cancel := context.WithTimeout(context.Background(), reserveBatchTimeout)
+	defer cancel()
+	rows, err := s.db.SQL.QueryContext(ctx, `SELECT r.outcome, r.limit_nano, r.committed_nano, r.retry_after_ms
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
 			$10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[]) WITH ORDINALITY
 			AS a(id, ledger_id, user_id, tenant, env, conversation, model, request_id, period, amount, estimate, now, expires, ord)
@@ -1067,6 +1151,8 @@ func (s *Service) expireTx(ctx context.Context, tx querier, a *expireArgs) error
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("expire reservations: %w", err)
 	}
+	// Usage rows locked in user order, as every batch does (see byUser).
+	slices.SortFunc(stale, func(a, b Reservation) int { return strings.Compare(a.UserID, b.UserID) })
 	for _, r := range stale {
 		res, err := tx.ExecContext(ctx, db.Q(`UPDATE budget_reservations SET settled_at = ? WHERE id = ? AND settled_at IS NULL`), -now, r.ID)
 		if err != nil {

@@ -538,7 +538,12 @@ func (t ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	default:
 	}
-	ctx, cancel := context.WithCancel(req.Context())
+	// A context of its own, ended with the client's: it carries the call
+	// but none of the reverse proxy's hooks, which would relay a 1xx
+	// answer before the reservation is durable.
+	ctx, cancelCtx := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, c))
+	stop := context.AfterFunc(req.Context(), cancelCtx)
+	cancel := func() { stop(); cancelCtx() }
 	go func() {
 		select {
 		case <-c.ticket.Done():
@@ -570,7 +575,7 @@ func (t ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // closed.
 type cancelOnClose struct {
 	io.ReadCloser
-	cancel context.CancelFunc
+	cancel func()
 }
 
 func (b *cancelOnClose) Close() error {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -148,5 +150,37 @@ func TestGatewayLateRefusalCancelsUpstreamCall(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if n := b.debits.Load(); n != 0 {
 		t.Errorf("debits: got %d, want none for a refused call", n)
+	}
+}
+
+// TestGatewayRelaysNo1xxBeforeReservationIsDurable: an informational
+// answer (103 Early Hints) the upstream sends while a predicted
+// reservation is still committing does not reach the client either.
+func TestGatewayRelaysNo1xxBeforeReservationIsDurable(t *testing.T) {
+	b, newReq := pipelineGateway(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</hint>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	got1xx := make(chan int, 1)
+	req := newReq()
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, _ textproto.MIMEHeader) error {
+			got1xx <- code
+			return nil
+		},
+	}))
+	got := send(req)
+	end := <-b.tickets
+	select {
+	case code := <-got1xx:
+		t.Errorf("client got the upstream's %d before the reservation was durable", code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	end(budget.Reservation{}, &budget.DenyError{UserID: userID, Period: "2026-11", Limit: 1, Committed: 1, Needed: 1})
+	if r := <-got; r.status != http.StatusTooManyRequests {
+		t.Errorf("status %d, want 429", r.status)
 	}
 }
