@@ -15,10 +15,14 @@
 // Every reservation, debit, expiry and refund is appended to a ledger that
 // Ledger queries.
 //
+// PreCallCheckAsync, the gateway's path, predicts the outcome from an
+// in-memory view of the user when it safely can and commits the reservation
+// while the call is forwarded (pipeline.go); the database stays the judge.
+//
 // Two stores, one conformance suite (budget_test.go): SQLite, where budget
 // writes are committed in batches on one writer connection, and PostgreSQL, where
-// the check is one call of a PL/pgSQL function that locks the user's usage
-// row (controlstore/pgsql). Prices come from a dated PriceTable (price.go,
+// the check is a PL/pgSQL function that locks the user's usage row
+// (controlstore/pgsql), called once per reservation of a batch. Prices come from a dated PriceTable (price.go,
 // default_prices.json; operators load their own file) keyed by the model the
 // response names.
 //

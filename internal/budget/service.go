@@ -146,9 +146,10 @@ type Config struct {
 // one writer connection and are committed in batches: settlements and
 // expiries by the writer goroutine (settlements wait up to SettleDelay for
 // company), SQLite reservations by the first waiting caller (see lead). On
-// PostgreSQL the pre-call check instead runs as one function call on any
-// pooled connection, serialised per user by a row lock. Safe for concurrent
-// use. Close stops it.
+// PostgreSQL reservations are instead committed by the first waiting caller
+// as one statement on any pooled connection, serialised per user by a row
+// lock. PreCallCheckAsync predicts and pipelines checks (pipeline.go). Safe
+// for concurrent use. Close stops it.
 type Service struct {
 	db  *controlstore.DB
 	cfg Config
@@ -627,18 +628,10 @@ func (s *Service) commitHeld(ops []*op) {
 		}
 		return
 	}
-	live := ops[:0:0]
-	for _, o := range ops {
-		if err := o.ctx.Err(); err != nil {
-			s.finish(o, err) // the caller gave up before anything was written
-			continue
-		}
-		live = append(live, o)
-	}
+	live := s.live(ops)
 	if len(live) == 0 {
 		return
 	}
-	s.cfg.Metrics.observeBatch(len(live))
 	if s.db.Dialect == controlstore.Postgres {
 		byUser(live) // row locks in one order everywhere: no deadlocks
 	}
@@ -873,24 +866,34 @@ func (w *writerConn) QueryContext(ctx context.Context, query string, args ...any
 	return st.QueryContext(ctx, args...)
 }
 
-// reservePostgres runs a batch of pre-call checks as one statement that
-// calls the talkide_budget_reserve function (controlstore/pgsql) once per
-// reservation, in queue order, in one transaction on a pooled connection.
-// When the statement fails, each reservation is retried in a statement of
-// its own, so one bad reservation cannot fail the others.
-func (s *Service) reservePostgres(batch []*op) {
-	live := batch[:0:0]
-	for _, o := range batch {
+// live ends the ops whose caller gave up before anything was written and
+// returns the others, counting them as one batch.
+func (s *Service) live(ops []*op) []*op {
+	live := ops[:0:0]
+	for _, o := range ops {
 		if err := o.ctx.Err(); err != nil {
-			s.finish(o, err) // the caller gave up before anything was written
+			s.finish(o, err)
 			continue
 		}
 		live = append(live, o)
 	}
+	if len(live) > 0 {
+		s.cfg.Metrics.observeBatch(len(live))
+	}
+	return live
+}
+
+// reservePostgres runs a batch of pre-call checks as one statement that
+// calls the talkide_budget_reserve function (controlstore/pgsql) once per
+// reservation, in one transaction on a pooled connection: ordered by user,
+// each user's in the order they were admitted (byUser). When the statement
+// fails, each reservation is retried in a statement of its own, so one bad
+// reservation cannot fail the others.
+func (s *Service) reservePostgres(batch []*op) {
+	live := s.live(batch)
 	if len(live) == 0 {
 		return
 	}
-	s.cfg.Metrics.observeBatch(len(live))
 	byUser(live)
 	err := s.reservePostgresBatch(live)
 	if err == nil {
