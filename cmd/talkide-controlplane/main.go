@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/budget"
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/sandbox"
@@ -32,6 +34,9 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "talkide-controlplane:", err)
+		if errors.As(err, new(*contract.ConfigError)) {
+			os.Exit(contract.ExitConfig)
+		}
 		os.Exit(1)
 	}
 }
@@ -48,7 +53,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	cfg, err := configFromEnv(log)
 	if err != nil {
-		return err
+		return &contract.ConfigError{Err: err}
 	}
 	return controlplane.Run(ctx, cfg, nil)
 }
@@ -112,7 +117,7 @@ func workerCredentials(ctx context.Context, args []string, out io.Writer, log *s
 	}
 	cfg, err := configFromEnv(log)
 	if err != nil {
-		return err
+		return &contract.ConfigError{Err: err}
 	}
 	db, err := controlplane.OpenDB(ctx, cfg)
 	if err != nil {

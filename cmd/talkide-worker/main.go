@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
@@ -25,6 +27,9 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "talkide-worker:", err)
+		if errors.As(err, new(*contract.ConfigError)) {
+			os.Exit(contract.ExitConfig)
+		}
 		os.Exit(1)
 	}
 }
@@ -37,7 +42,7 @@ func run(ctx context.Context) error {
 	}
 	cfg, err := configFromEnv()
 	if err != nil {
-		return err
+		return &contract.ConfigError{Err: err}
 	}
 	return worker.Run(ctx, cfg, nil)
 }

@@ -38,6 +38,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Pipelined pre-call checks by path: predicted (forwarded while the reservation commits), exact (the database answered first), refused (predicted, then refused by the database: the call was cancelled).",
 		}, []string{"path"}),
 	}
+	for _, path := range []string{"predicted", "exact", "refused"} {
+		m.predictions.WithLabelValues(path) // exported from the start, at 0
+	}
 	reg.MustRegister(m.reserveSeconds, m.batchSize, m.costNano, m.predictions)
 	return m
 }

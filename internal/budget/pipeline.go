@@ -101,6 +101,7 @@ func (t *Ticket) Result() (Reservation, error) {
 // ctx, and returns the ended ticket.
 func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	if c.Amount < 0 || c.UserID == "" || s.cfg.NoPrediction {
+		s.cfg.Metrics.observePrediction("exact")
 		return Decided(s.PreCallCheck(ctx, c))
 	}
 	c.Amount = min(c.Amount, MaxCost)

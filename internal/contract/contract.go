@@ -416,3 +416,15 @@ type MintResponse struct {
 	// ExpiresAt is the token's expiry (RFC 3339).
 	ExpiresAt time.Time `json:"expires_at"`
 }
+
+// ExitConfig is the exit status of a TalkIDE binary that refused to start
+// because its configuration (environment) is invalid: sysexits' EX_CONFIG.
+// A supervisor does not restart it; starting again would fail the same way.
+const ExitConfig = 78
+
+// ConfigError marks an error as a configuration error: the binaries exit
+// with ExitConfig when run returns one.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }

@@ -279,8 +279,11 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 	var last error
 	for {
 		for _, p := range procs {
+			if p.misconfigured.Load() {
+				return fmt.Errorf("%s refused its configuration; the end of %s:\n%s", p.name, p.logPath, tail(p.logPath, p.logStart.Load(), 15))
+			}
 			if n := p.exits.Load(); n >= 3 {
-				return fmt.Errorf("%s exited %d times while starting; the end of %s:\n%s", p.name, n, p.logPath, tail(p.logPath, 15))
+				return fmt.Errorf("%s exited %d times while starting; the end of %s:\n%s", p.name, n, p.logPath, tail(p.logPath, p.logStart.Load(), 15))
 			}
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -315,9 +318,13 @@ func lockStateDir(dir string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
+// tail returns the last n lines of a file written after its first from
+// bytes (what the last run of a process wrote).
+func tail(path string, from int64, n int) string {
 	b, _ := os.ReadFile(path)
+	if from > 0 && from <= int64(len(b)) {
+		b = b[from:]
+	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

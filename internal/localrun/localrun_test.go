@@ -273,3 +273,40 @@ func TestRunRefusesATakenAddressAndAStateDirInUse(t *testing.T) {
 		t.Errorf("state dir in use: got %v", err)
 	}
 }
+
+// TestRunStopsAtOnceOnAConfigurationError: a control plane that refuses its
+// configuration exits with contract.ExitConfig and is not restarted; Run
+// fails at once quoting what that run wrote, not the log of earlier runs.
+func TestRunStopsAtOnceOnAConfigurationError(t *testing.T) {
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "github.com/talkide/talkide/cmd/...")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(state, "logs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "logs", "controlplane.log"), []byte("a line from an earlier run\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = Run(context.Background(), Config{StateDir: state, HTTPAddr: addr, BinDir: bin, Out: &platformtest.LogBuffer{},
+		ExtraEnv: []string{"TALKIDE_BUDGET_PREDICT=maybe"}, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "controlplane refused its configuration") || !strings.Contains(err.Error(), `TALKIDE_BUDGET_PREDICT "maybe"`) {
+		t.Fatalf("got %v, want the control plane's configuration error", err)
+	}
+	if strings.Contains(err.Error(), "earlier run") {
+		t.Errorf("error quotes an earlier run's log: %v", err)
+	}
+	log, err := os.ReadFile(filepath.Join(state, "logs", "controlplane.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "TALKIDE_BUDGET_PREDICT"); n != 1 {
+		t.Errorf("the control plane reported its configuration error %d times, want once (no restarts):\n%s", n, log)
+	}
+}

@@ -2,6 +2,7 @@ package localrun
 
 import (
 	"context"
+	"github.com/talkide/talkide/internal/contract"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,6 +22,12 @@ type proc struct {
 	log     *slog.Logger
 	// exits counts how often the process ended on its own.
 	exits atomic.Int32
+	// logStart is the size of the log when the last run started: what
+	// that run wrote comes after it.
+	logStart atomic.Int64
+	// misconfigured is set when the process exited with
+	// contract.ExitConfig; it is not restarted then.
+	misconfigured atomic.Bool
 }
 
 // childEnv returns the parent's environment without any ANTHROPIC_* or
@@ -57,6 +64,11 @@ func (p *proc) loop(ctx context.Context) {
 			return
 		}
 		p.exits.Add(1)
+		if exitErr, ok := err.(*exec.ExitError); ok && exitErr.ExitCode() == contract.ExitConfig {
+			p.misconfigured.Store(true)
+			p.log.Error("process refused its configuration; not restarting it", "log", p.logPath)
+			return
+		}
 		if time.Since(started) > 30*time.Second {
 			backoff = time.Second
 		}
@@ -76,6 +88,9 @@ func (p *proc) runOnce(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
+	if st, err := logf.Stat(); err == nil {
+		p.logStart.Store(st.Size())
+	}
 	cmd := exec.Command(p.bin)
 	cmd.Env = childEnv(p.env)
 	cmd.Stdout, cmd.Stderr = logf, logf

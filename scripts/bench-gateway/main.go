@@ -162,9 +162,13 @@ func run() error {
 				}
 				addP50, addP99 := via.out50-direct.out50, via.out99-direct.out99
 				ratio := via.rps / direct.rps
-				fmt.Printf("%-8s %-6v %-3d %9.3f %9.3f %9.0f   %9.3f %9.3f %9.0f   %8.3f %8.3f %6.2f   %8.3f %8.3f   %8.3f %8.3f\n",
+				pre50, pre99 := "-", "-" // a bare proxy sends no overhead header
+				if len(via.pres) > 0 {
+					pre50, pre99 = fmt.Sprintf("%.3f", ms(via.pre50)), fmt.Sprintf("%.3f", ms(via.pre99))
+				}
+				fmt.Printf("%-8s %-6v %-3d %9.3f %9.3f %9.0f   %9.3f %9.3f %9.0f   %8.3f %8.3f %6.2f   %8.3f %8.3f   %8s %8s\n",
 					store, stream, c, ms(direct.p50), ms(direct.p99), direct.rps, ms(via.p50), ms(via.p99), via.rps, ms(addP50), ms(addP99), ratio,
-					ms(via.p50-direct.p50), ms(via.p99-direct.p99), ms(via.pre50), ms(via.pre99))
+					ms(via.p50-direct.p50), ms(via.p99-direct.p99), pre50, pre99)
 				summary = append(summary, fmt.Sprintf("bench c=%d stream=%v store=%s added_p50_ms=%.2f added_p99_ms=%.2f rps_ratio=%.2f",
 					c, stream, store, ms(addP50), ms(addP99), ratio))
 			}
@@ -402,6 +406,9 @@ func startGateway(ctx context.Context, store string, up *url.URL, o options) (*g
 			}
 		}
 		return strings.Join(parts, "; ")
+	}
+	if store == "bare" {
+		g.stats = func() string { return "a plain reverse proxy, not the gateway: no gateway metrics" }
 	}
 	return g, stop, nil
 }
