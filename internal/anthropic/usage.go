@@ -27,6 +27,9 @@ type Usage struct {
 	// (usage.server_tool_use), billed per request.
 	WebSearchRequests int64
 	WebFetchRequests  int64
+	// InferenceGeo is usage.inference_geo: where the call ran ("us", or
+	// "global"/empty for anywhere); some geos cost more.
+	InferenceGeo string
 	// DeltaOutputEstimate is an over-estimate of the output tokens delivered
 	// in content_block_delta events so far (at least one per event, about
 	// one per 3 bytes of delta payload). It prices a stream that ended
@@ -53,6 +56,7 @@ type wireUsage struct {
 		WebSearchRequests *int64 `json:"web_search_requests"`
 		WebFetchRequests  *int64 `json:"web_fetch_requests"`
 	} `json:"server_tool_use"`
+	InferenceGeo *string `json:"inference_geo"`
 }
 
 // BilledOutputTokens is the output to bill: the reported count once the
@@ -95,6 +99,9 @@ func (u *Usage) apply(w *wireUsage) {
 	if w.CacheCreation != nil {
 		u.CacheCreation5m = w.CacheCreation.Ephemeral5m
 		u.CacheCreation1h = w.CacheCreation.Ephemeral1h
+	}
+	if w.InferenceGeo != nil {
+		u.InferenceGeo = *w.InferenceGeo
 	}
 	if st := w.ServerToolUse; st != nil {
 		if st.WebSearchRequests != nil {

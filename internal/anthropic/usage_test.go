@@ -57,8 +57,8 @@ func TestStreamMeterErrorEvent(t *testing.T) {
 }
 
 func TestParseMessageUsage(t *testing.T) {
-	u, ok := ParseMessageUsage([]byte(`{"type":"message","id":"m","model":"claude-haiku-5-5","stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}`))
-	if !ok || u.InputTokens != 3 || u.OutputTokens != 4 || u.CacheReadInputTokens != 5 || !u.Finished {
+	u, ok := ParseMessageUsage([]byte(`{"type":"message","id":"m","model":"claude-haiku-5-5","stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5,"inference_geo":"us"}}`))
+	if !ok || u.InputTokens != 3 || u.OutputTokens != 4 || u.CacheReadInputTokens != 5 || !u.Finished || u.InferenceGeo != "us" {
 		t.Errorf("message: got %+v, %v", u, ok)
 	}
 	u, ok = ParseMessageUsage([]byte(`{"type":"error","error":{"type":"rate_limit_error","message":"x"}}`))
@@ -84,4 +84,13 @@ func FuzzStreamMeter(f *testing.F) {
 		m.Write(b)
 		_ = m.Usage()
 	})
+}
+
+func TestStreamMeterInferenceGeo(t *testing.T) {
+	var m StreamMeter
+	m.Write([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"x\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1,\"inference_geo\":\"us\"}}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n"))
+	if u := m.Usage(); u.InferenceGeo != "us" || u.OutputTokens != 7 {
+		t.Errorf("got geo %q, output %d; want us, 7", u.InferenceGeo, u.OutputTokens)
+	}
 }

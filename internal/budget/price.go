@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"slices"
 	"strings"
@@ -37,6 +38,10 @@ type Price struct {
 	Rates
 	Tiers     []Tier
 	WebSearch NanoUSD
+	// geo maps a usage.inference_geo to the factor, in billionths, that
+	// every amount of a call run there is multiplied by (the table's
+	// geo_multipliers: "us" 1.1 is 1_100_000_000).
+	geo map[string]int64
 }
 
 // UnknownModelPolicy says what happens to a call for a model the price table
@@ -63,6 +68,7 @@ type PriceTable struct {
 	// Unknown is the policy for models no entry matches.
 	Unknown UnknownModelPolicy
 	dearest Price
+	geo     map[string]int64
 }
 
 type priceEntry struct {
@@ -97,8 +103,11 @@ type priceFile struct {
 	UnknownModel UnknownModelPolicy `json:"unknown_model,omitempty"`
 	// WebSearchPer1k is the price of 1000 web searches in USD, for every
 	// model without its own.
-	WebSearchPer1k string      `json:"web_search_per_1k,omitempty"`
-	Models         []priceJSON `json:"models"`
+	WebSearchPer1k string `json:"web_search_per_1k,omitempty"`
+	// GeoMultipliers maps a usage.inference_geo ("us") to a decimal factor
+	// ("1.1") applied to every amount of a call run there.
+	GeoMultipliers map[string]string `json:"geo_multipliers,omitempty"`
+	Models         []priceJSON       `json:"models"`
 }
 
 type ratesJSON struct {
@@ -172,6 +181,16 @@ func ParsePriceTable(b []byte) (*PriceTable, error) {
 		}
 		defaultSearch = (v + 999) / 1000
 	}
+	for geo, m := range f.GeoMultipliers {
+		v, err := ParseUSD(m)
+		if err != nil || v < NanoPerUSD || v > 100*NanoPerUSD || geo == "" {
+			return nil, fmt.Errorf("%w: geo_multipliers[%q] = %q: want a decimal factor from 1 to 100", ErrBadPriceTable, geo, m)
+		}
+		if t.geo == nil {
+			t.geo = map[string]int64{}
+		}
+		t.geo[geo] = int64(v) // a factor of 1 is NanoPerUSD billionths
+	}
 	if len(f.Models) == 0 {
 		return nil, fmt.Errorf("%w: no models", ErrBadPriceTable)
 	}
@@ -189,6 +208,7 @@ func ParsePriceTable(b []byte) (*PriceTable, error) {
 		t.entries = append(t.entries, e)
 	}
 	t.dearest = dearestOf(t.entries)
+	t.dearest.geo = t.geo
 	return t, nil
 }
 
@@ -308,7 +328,9 @@ func (t *PriceTable) Lookup(model string, at time.Time) (Price, bool) {
 	if best < 0 {
 		return Price{}, false
 	}
-	return t.entries[best].price, true
+	p := t.entries[best].price
+	p.geo = t.geo
+	return p, true
 }
 
 // PriceFor returns the model's price at time at, or, for a model the table
@@ -385,7 +407,7 @@ func (p Price) Cost(u anthropic.Usage) NanoUSD {
 	split := max(u.CacheCreation5m, 0) + max(u.CacheCreation1h, 0)
 	writes := max(u.CacheCreationInputTokens, split)
 	r := p.rates(u.InputTokens + writes + u.CacheReadInputTokens)
-	return addCost(
+	cost := addCost(
 		costOf(u.InputTokens, r.Input),
 		costOf(u.OutputTokens, r.Output),
 		costOf(u.CacheReadInputTokens, r.CacheRead),
@@ -394,6 +416,24 @@ func (p Price) Cost(u anthropic.Usage) NanoUSD {
 		costOf(writes-split, r.CacheWrite1h),
 		costOf(u.WebSearchRequests*1_000_000, p.WebSearch),
 	)
+	return scale(cost, p.geo[u.InferenceGeo])
+}
+
+// scale multiplies a by factor billionths (0: unchanged), rounding up and
+// saturating at MaxCost.
+func scale(a NanoUSD, factor int64) NanoUSD {
+	if factor <= 0 || a <= 0 {
+		return a
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(factor))
+	if hi >= uint64(NanoPerUSD) { // the quotient would not fit in 64 bits
+		return MaxCost
+	}
+	q, r := bits.Div64(hi, lo, uint64(NanoPerUSD))
+	if r > 0 {
+		q++
+	}
+	return NanoUSD(min(q, uint64(MaxCost)))
 }
 
 // WorstCase is the most a call can cost in nano-USD: every prompt token
@@ -405,5 +445,9 @@ func (p Price) Cost(u anthropic.Usage) NanoUSD {
 func (p Price) WorstCase(promptTokens, maxTokens int64) NanoUSD {
 	r := p.rates(promptTokens)
 	in := max(r.Input, r.CacheWrite5m, r.CacheWrite1h, r.CacheRead)
-	return addCost(costOf(promptTokens, in), costOf(maxTokens, r.Output))
+	var dearestGeo int64 // the call may run in any geo
+	for _, f := range p.geo {
+		dearestGeo = max(dearestGeo, f)
+	}
+	return scale(addCost(costOf(promptTokens, in), costOf(maxTokens, r.Output)), dearestGeo)
 }

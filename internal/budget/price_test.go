@@ -124,6 +124,10 @@ func TestPriceCost(t *testing.T) {
 		{"one token rounds up", anthropic.Usage{InputTokens: 1}, 4_000},
 		{"web searches at $10 per 1000", anthropic.Usage{WebSearchRequests: 3}, 30_000_000},
 		{"absurd counts saturate", anthropic.Usage{OutputTokens: 1 << 62}, MaxCost},
+		{"inference_geo us costs 1.1 times", anthropic.Usage{InputTokens: 1_000_000, OutputTokens: 1_000_000, InferenceGeo: "us"}, 26_400_000_000},
+		{"inference_geo global costs the list price", anthropic.Usage{InputTokens: 1_000_000, OutputTokens: 1_000_000, InferenceGeo: "global"}, 24_000_000_000},
+		{"one token in us rounds up", anthropic.Usage{InputTokens: 1, InferenceGeo: "us"}, 4_400},
+		{"absurd counts in us saturate", anthropic.Usage{OutputTokens: 1 << 62, InferenceGeo: "us"}, MaxCost},
 	}
 	for _, tc := range cases {
 		if got := opus.Cost(tc.u); got != tc.want {
@@ -209,7 +213,10 @@ func TestParsePriceTableErrors(t *testing.T) {
 		"tiers descending": `{"format":1,"models":[{"model":"m","input":"1","output":"1","cache_write_5m":"1","cache_write_1h":"1","cache_read":"1",
 			"tiers":[{"above_prompt_tokens":10,"input":"1","output":"1","cache_write_5m":"1","cache_write_1h":"1","cache_read":"1"},
 			{"above_prompt_tokens":5,"input":"1","output":"1","cache_write_5m":"1","cache_write_1h":"1","cache_read":"1"}]}]}`,
-		"trailing data": `{"format":1,"models":[` + row + `]} {}`,
+		"trailing data":        `{"format":1,"models":[` + row + `]} {}`,
+		"geo factor below 1":   `{"format":1,"geo_multipliers":{"us":"0.5"},"models":[` + row + `]}`,
+		"geo factor no number": `{"format":1,"geo_multipliers":{"us":"x"},"models":[` + row + `]}`,
+		"geo without a name":   `{"format":1,"geo_multipliers":{"":"1.1"},"models":[` + row + `]}`,
 	} {
 		if _, err := ParsePriceTable([]byte(in)); !errors.Is(err, ErrBadPriceTable) {
 			t.Errorf("%s: got %v, want ErrBadPriceTable", name, err)
@@ -244,6 +251,7 @@ func TestWorstCaseBoundsEveryCost(t *testing.T) {
 			{CacheCreationInputTokens: prompt, OutputTokens: maxOut},
 			{CacheReadInputTokens: prompt, OutputTokens: maxOut},
 			{InputTokens: 1, CacheCreationInputTokens: prompt - 1, CacheCreation5m: prompt - 1, OutputTokens: maxOut},
+			{CacheCreationInputTokens: prompt, CacheCreation1h: prompt, OutputTokens: maxOut, InferenceGeo: "us"},
 		} {
 			if c := price.Cost(u); c > worst {
 				t.Errorf("%s: usage %+v costs %d, above the worst case %d", m, u, c, worst)
