@@ -68,6 +68,7 @@ func TestConformance(t *testing.T) {
 		{"NoPrediction", testNoPrediction},
 		{"PipelinedFairUseBurst", testPipelinedFairUseBurst},
 		{"ViewKeepsUpWithBursts", testViewKeepsUpWithBursts},
+		{"BeginCommitsAtOnce", testBeginCommitsAtOnce},
 	}
 	for store, open := range stores {
 		t.Run(store, func(t *testing.T) {

@@ -42,8 +42,8 @@ import (
 // plane's TALKIDE_BUDGET_PREDICT=off) forwards every call only after its
 // reservation is durable, at the cost of that commit on every call.
 
-// CommitDelay is how long a predicted reservation waits before its commit
-// starts: long enough for the gateway to have forwarded the call (a commit
+// CommitDelay is how long a predicted reservation waits, by default
+// (Config.CommitDelay), before its commit starts: long enough for the gateway to have forwarded the call (a commit
 // started at once competed with the forwarding for the CPU: measured, README
 // "Benchmark"), and for the reservations of calls arriving meanwhile to
 // join the same batch; far shorter than any upstream takes to answer.
@@ -61,6 +61,19 @@ type Ticket struct {
 	done      chan struct{}
 	res       Reservation
 	err       error
+	// begin starts the commit now instead of after CommitDelay; nil for
+	// a ticket that is not committing.
+	begin func()
+}
+
+// Begin starts a Predicted ticket's commit at once rather than after
+// CommitDelay: the gateway calls it when the upstream's answer has come,
+// since there is no forwarding left to overlap with. Safe to call more than
+// once, and on any ticket.
+func (t *Ticket) Begin() {
+	if t.begin != nil {
+		t.begin()
+	}
 }
 
 // Decided returns a ticket that has already ended with res and err; for
@@ -136,15 +149,22 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	s.cfg.Metrics.observePrediction("predicted")
 	t := &Ticket{Predicted: true, done: make(chan struct{})}
 	// The op is queued: a leader of later reservations may commit it
-	// before the timer fires; the timer's goroutine then only collects the
-	// result.
-	time.AfterFunc(CommitDelay, func() {
+	// before the commit starts here; this then only collects the result.
+	commit := func() {
 		defer close(t.done)
 		t.res, t.err = s.awaitReserve(o)
 		if t.err != nil {
 			s.cfg.Metrics.observePrediction("refused")
 		}
-	})
+	}
+	var once sync.Once
+	timer := time.AfterFunc(s.cfg.CommitDelay, func() { once.Do(commit) })
+	t.begin = func() {
+		once.Do(func() {
+			timer.Stop()
+			go commit()
+		})
+	}
 	return t
 }
 

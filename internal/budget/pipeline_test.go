@@ -245,3 +245,28 @@ func testViewKeepsUpWithBursts(t *testing.T, db *controlstore.DB) {
 		t.Errorf("call that fits: predicted %v, error %v; want predicted and admitted", tk.Predicted, err)
 	}
 }
+
+// testBeginCommitsAtOnce: Begin starts a predicted reservation's commit
+// without waiting for the commit delay (the gateway calls it when the
+// upstream's answer is in).
+func testBeginCommitsAtOnce(t *testing.T, db *controlstore.DB) {
+	s := newService(t, db, Config{DefaultLimit: 100 * NanoPerUSD, CommitDelay: time.Hour})
+	tk := s.PreCallCheckAsync(t.Context(), call("eager", 1000))
+	if !tk.Predicted {
+		t.Fatal("not predicted")
+	}
+	tk.Begin()
+	tk.Begin() // a second call changes nothing
+	select {
+	case <-tk.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("reservation still waiting for its commit delay after Begin")
+	}
+	if _, err := tk.Result(); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := s.Spend(t.Context(), "eager", "acme")
+	if err != nil || sp.Reserved != 1000 {
+		t.Errorf("reserved %d (%v), want 1000", sp.Reserved, err)
+	}
+}

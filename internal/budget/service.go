@@ -139,6 +139,10 @@ type Config struct {
 	// reservation, so a call is forwarded only once it is on disk (see
 	// pipeline.go for what prediction trades).
 	NoPrediction bool
+	// CommitDelay is how long a predicted reservation waits before its
+	// commit starts, unless Ticket.Begin starts it earlier. Default
+	// CommitDelay (the constant).
+	CommitDelay time.Duration
 }
 
 // Service is the UserBudgetService over the control-plane database
@@ -205,6 +209,9 @@ func NewService(db *controlstore.DB, cfg Config) *Service {
 	}
 	if cfg.ReservationTTL <= 0 {
 		cfg.ReservationTTL = 30 * time.Minute
+	}
+	if cfg.CommitDelay <= 0 {
+		cfg.CommitDelay = CommitDelay
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -554,6 +554,7 @@ func (t ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}()
 	resp, err := t.next.RoundTrip(req.WithContext(ctx))
+	c.ticket.Begin() // the answer is here: nothing left to overlap the commit with
 	res, terr := c.ticket.Result()
 	if terr != nil {
 		if resp != nil {
