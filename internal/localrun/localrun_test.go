@@ -32,11 +32,7 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "github.com/talkide/talkide/cmd/...")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinaries(t)
 	addr, err := freeAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -278,11 +274,7 @@ func TestRunRefusesATakenAddressAndAStateDirInUse(t *testing.T) {
 // configuration exits with contract.ExitConfig and is not restarted; Run
 // fails at once quoting what that run wrote, not the log of earlier runs.
 func TestRunStopsAtOnceOnAConfigurationError(t *testing.T) {
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "github.com/talkide/talkide/cmd/...")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinaries(t)
 	addr, err := freeAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -309,4 +301,16 @@ func TestRunStopsAtOnceOnAConfigurationError(t *testing.T) {
 	if n := strings.Count(string(log), "TALKIDE_BUDGET_PREDICT"); n != 1 {
 		t.Errorf("the control plane reported its configuration error %d times, want once (no restarts):\n%s", n, log)
 	}
+}
+
+// buildBinaries builds the platform's binaries into a temp dir and returns
+// it.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "github.com/talkide/talkide/cmd/...")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }
