@@ -28,11 +28,15 @@ import (
 // the limit and committed spend (spent + reserved) of the last database
 // answer, plus the calls admitted since then that the database has not
 // answered yet. A call is predicted only with room to spare (its worst case
-// fits twice into what is left), with fair-use counts well below their
-// limits, and no refusal within the last fair-use window; anything else (a
-// user near a limit, a view older than viewTTL, an error) takes the exact
-// path and waits for the database before forwarding. A call of a user the
-// service has no view of loads one with a read (no write, no lock).
+// fits twice into what is left), with fair-use counts (calls still
+// committing included) under three quarters of their limits, and no refusal
+// seen recently; anything else (a user near a limit, a view older than
+// viewTTL, a call through another tenant than the view's, an error) takes
+// the exact path and waits for the database before forwarding. A call of a
+// user the service has no view of loads one with a read (no write, no
+// lock). Reservations are queued in the order they were decided and the
+// batch leader applies the answers in commit order, so a call this process
+// predicted is never refused because of this process's later calls.
 //
 // What it trades: a call forwarded on a prediction is on its way upstream
 // for a few milliseconds (CommitDelay plus the commit) before its
@@ -43,10 +47,12 @@ import (
 // reservation is durable, at the cost of that commit on every call.
 
 // CommitDelay is how long a predicted reservation waits, by default
-// (Config.CommitDelay), before its commit starts: long enough for the gateway to have forwarded the call (a commit
-// started at once competed with the forwarding for the CPU: measured, README
-// "Benchmark"), and for the reservations of calls arriving meanwhile to
-// join the same batch; far shorter than any upstream takes to answer.
+// (Config.CommitDelay), before its commit starts, unless Ticket.Begin
+// starts it sooner: long enough for the gateway to have forwarded the call
+// (a commit started at once competed with the forwarding for the CPU:
+// measured, README "Benchmark"), and for the reservations of calls arriving
+// meanwhile to join the same batch; far shorter than any upstream takes to
+// answer.
 const CommitDelay = 2 * time.Millisecond
 
 // viewTTL is how long a user's view predicts without a new database answer.
