@@ -314,3 +314,53 @@ func buildBinaries(t *testing.T) string {
 	}
 	return bin
 }
+
+// TestSuperviseStopsInReverseOrder: the process started last (the worker)
+// is stopped, and has exited, before the one started before it (the
+// control plane it reports to) is sent SIGTERM.
+func TestSuperviseStopsInReverseOrder(t *testing.T) {
+	dir := t.TempDir()
+	record := filepath.Join(dir, "stops")
+	var procs []*proc
+	for _, name := range []string{"first", "second", "third"} {
+		script := filepath.Join(dir, name)
+		linger := "" // the last one takes its time to exit: the others must wait for it
+		if name == "third" {
+			linger = "sleep 0.3; "
+		}
+		body := "#!/bin/sh\ntrap '" + linger + "echo " + name + " >> " + record + "; exit 0' TERM\n" +
+			"touch " + script + ".ready\nwhile :; do sleep 0.05; done\n"
+		if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, &proc{name: name, bin: script, logPath: filepath.Join(dir, name+".log"), log: slog.New(slog.DiscardHandler)})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		supervise(ctx, procs)
+	}()
+	deadline := time.Now().Add(30 * time.Second) // a guard against a hang, not a measure
+	for _, p := range procs { // each has set its trap
+		for {
+			if _, err := os.Stat(p.bin + ".ready"); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				cancel()
+				t.Fatalf("%s never started", p.name)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	cancel()
+	<-done
+	got, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "third\nsecond\nfirst\n" {
+		t.Errorf("stop order:\n%s\nwant third, second, first", got)
+	}
+}

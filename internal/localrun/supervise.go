@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -45,14 +44,26 @@ func childEnv(extra []string) []string {
 }
 
 // supervise runs every proc, restarting each when it exits (with backoff),
-// until ctx ends; then it sends SIGTERM to each process group, waits up to
-// 30 s, and kills what is left.
+// until ctx ends. Then it stops them in the reverse of their order, each
+// only once the ones after it have exited (the worker before the control
+// plane it reports to, the control plane before the upstream it calls):
+// SIGTERM to the process group, up to 30 s, then SIGKILL.
 func supervise(ctx context.Context, procs []*proc) {
-	var wg sync.WaitGroup
-	for _, p := range procs {
-		wg.Go(func() { p.loop(ctx) })
+	cancels := make([]context.CancelFunc, len(procs))
+	exited := make([]chan struct{}, len(procs))
+	for i, p := range procs {
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		cancels[i], exited[i] = cancel, make(chan struct{})
+		go func() {
+			defer close(exited[i])
+			p.loop(pctx)
+		}()
 	}
-	wg.Wait()
+	<-ctx.Done()
+	for i := len(procs) - 1; i >= 0; i-- {
+		cancels[i]()
+		<-exited[i]
+	}
 }
 
 func (p *proc) loop(ctx context.Context) {
