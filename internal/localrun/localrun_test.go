@@ -342,7 +342,7 @@ func TestSuperviseStopsInReverseOrder(t *testing.T) {
 		supervise(ctx, procs)
 	}()
 	deadline := time.Now().Add(30 * time.Second) // a guard against a hang, not a measure
-	for _, p := range procs { // each has set its trap
+	for _, p := range procs {                    // each has set its trap
 		for {
 			if _, err := os.Stat(p.bin + ".ready"); err == nil {
 				break
