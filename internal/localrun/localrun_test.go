@@ -341,8 +341,10 @@ func TestSuperviseStopsInReverseOrder(t *testing.T) {
 		defer close(done)
 		supervise(ctx, procs)
 	}()
-	deadline := time.Now().Add(30 * time.Second) // a guard against a hang, not a measure
-	for _, p := range procs {                    // each has set its trap
+	// Wait until each has set its trap; the deadline guards against a
+	// hang and measures nothing.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range procs {
 		for {
 			if _, err := os.Stat(p.bin + ".ready"); err == nil {
 				break
