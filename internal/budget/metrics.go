@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"tenant"}),
 		predictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "talkide_budget_precall_predictions_total",
-			Help: "Pipelined pre-call checks by path: predicted (forwarded while the reservation commits), exact (the database answered first), refused (predicted, then refused by the database: the call was cancelled).",
+			Help: "Pipelined pre-call checks by path: predicted (forwarded while the reservation commits), exact (the database answered first), refused (predicted, then refused by the database or failed: the call was cancelled).",
 		}, []string{"path"}),
 	}
 	for _, path := range []string{"predicted", "exact", "refused"} {

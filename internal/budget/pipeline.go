@@ -119,17 +119,19 @@ func (t *Ticket) Result() (Reservation, error) {
 // spend). Otherwise it runs PreCallCheck on the caller's goroutine, with
 // ctx, and returns the ended ticket.
 func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
-	if c.Amount < 0 || c.UserID == "" || s.cfg.NoPrediction {
+	exact := func() *Ticket {
 		s.cfg.Metrics.observePrediction("exact")
 		return Decided(s.PreCallCheck(ctx, c))
+	}
+	if c.Amount < 0 || c.UserID == "" || s.cfg.NoPrediction {
+		return exact()
 	}
 	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
 	period := s.cfg.Period.Key(now)
 	v := s.view(ctx, c, period, now)
 	if v == nil {
-		s.cfg.Metrics.observePrediction("exact")
-		return Decided(s.PreCallCheck(ctx, c))
+		return exact()
 	}
 	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: period, now: now}, predicted: true}
 	// Predicted and queued in one step under the view's lock, so that a
@@ -146,8 +148,7 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 	}
 	v.mu.Unlock()
 	if !predicted {
-		s.cfg.Metrics.observePrediction("exact")
-		return Decided(s.PreCallCheck(ctx, c))
+		return exact()
 	}
 	if err != nil {
 		return Decided(Reservation{}, err)

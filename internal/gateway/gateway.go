@@ -11,8 +11,9 @@
 // (postCallDebit) in the background, so the client never waits for the
 // database. When the budget predicts that it admits the call, the call is
 // forwarded while the reservation commits, and the upstream's answer is
-// held until the reservation is durable (roundTrip); a reservation refused
-// after all cancels the upstream call, and the client gets the refusal. Errors use Anthropic's error envelope. Metrics (metrics.go) and
+// held until the reservation is durable (ticketTransport); a reservation
+// refused after all cancels the upstream call, and the client gets the
+// refusal. Errors use Anthropic's error envelope. Metrics (metrics.go) and
 // the x-talkide-gateway-overhead-ms response header measure what it adds.
 //
 // Decisions (see also README "Gateway-proxy"):
@@ -321,7 +322,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 	})
 	c.ticket = t
 	if t.Predicted {
-		return c, nil // forwarded while the reservation commits (roundTrip)
+		return c, nil // forwarded while the reservation commits (ticketTransport)
 	}
 	res, err := t.Result()
 	if err != nil {

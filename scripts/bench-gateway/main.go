@@ -7,7 +7,9 @@
 // every microsecond of CPU the gateway spends shows) and, per store,
 // the real gateway-proxy with WorkerToken validation, budget reservation
 // and settlement (SQLite in a temp file; PostgreSQL in a scratch schema),
-// stream metering and metrics all on. For each concurrency (closed-loop
+// stream metering and metrics all on; for comparison, store none is the
+// gateway with a budget that admits everything and store bare a plain
+// net/http/httputil reverse proxy. For each concurrency (closed-loop
 // clients) and mode it runs the same load directly against the upstream and
 // through the gateway, and prints percentiles, requests per second and the
 // ratio, ending with one summary line per case:
