@@ -144,59 +144,6 @@ func ChownTree(dir string, u User) error {
 	})
 }
 
-// UIDRange is a block of numeric user ids, one per conversation, so that
-// the agents of two conversations cannot read each other's files,
-// transcripts or process environments (and so cannot spend as each other).
-type UIDRange struct {
-	// First is the first uid; Count how many the range holds.
-	First, Count uint32
-	// Dir holds one claim file per uid in use (on the session volume, so
-	// every replica sees the same claims).
-	Dir string
-}
-
-// DefaultUIDs is the range a worker running as root gives its
-// conversations' agents (no account needs to exist for them).
-var DefaultUIDs = UIDRange{First: 200000, Count: 100000}
-
-// ErrNoUID is returned by Claim when every uid of the range is taken.
-var ErrNoUID = errors.New("no free agent uid in the range")
-
-// Claim returns the uid of owner (a conversation id): the one it claimed
-// before, or a free one, claimed with an exclusive file creation (atomic on
-// NFS too). The search starts at a hash of owner, so claims rarely collide.
-func (r UIDRange) Claim(owner string) (uint32, error) {
-	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
-		return 0, err
-	}
-	var h uint32 = 2166136261
-	for i := 0; i < len(owner); i++ {
-		h = (h ^ uint32(owner[i])) * 16777619
-	}
-	start := h % r.Count
-	for i := uint32(0); i < r.Count; i++ {
-		uid := r.First + (start+i)%r.Count
-		path := filepath.Join(r.Dir, strconv.FormatUint(uint64(uid), 10))
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err == nil {
-			_, werr := f.WriteString(owner)
-			cerr := f.Close()
-			if err := errors.Join(werr, cerr); err != nil {
-				os.Remove(path)
-				return 0, err
-			}
-			return uid, nil
-		}
-		if !errors.Is(err, os.ErrExist) {
-			return 0, err
-		}
-		if b, err := os.ReadFile(path); err == nil && string(b) == owner {
-			return uid, nil
-		}
-	}
-	return 0, ErrNoUID
-}
-
 // MakeTraversable creates dir (0711, owned by the caller) so agents can pass
 // through it but not list it, and checks the directories above it up to top
 // the same way PrepareDir does.
