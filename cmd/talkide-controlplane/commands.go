@@ -114,6 +114,9 @@ func addUser(ctx context.Context, args []string, out io.Writer, log *slog.Logger
 	if strings.TrimSpace(*id) == "" {
 		return errors.New("add-user: -id is required")
 	}
+	if !controlplane.ValidUserID(*id) {
+		return fmt.Errorf("add-user: -id %q: want at most 128 bytes of UTF-8 without control characters or surrounding spaces", *id)
+	}
 	te, err := controlplane.ParseTenantEnvs(*grants)
 	if err != nil {
 		return fmt.Errorf("add-user: -grant: %w", err)

@@ -53,6 +53,9 @@ func TestOperatorCommands(t *testing.T) {
 		t.Error("add-user did not grant acme/dev")
 	}
 	db.Close()
+	if _, err := run("add-user", "-id", " bob\n", "-grant", "acme/dev"); err == nil {
+		t.Error("add-user accepted a user id the admin API cannot name")
+	}
 	if _, err := run("add-user", "-id", "bob", "-grant", "Not A Tenant"); err == nil {
 		t.Error("add-user accepted a malformed grant")
 	}

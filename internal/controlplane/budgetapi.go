@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -72,7 +70,7 @@ func (p *spendParts) close() {
 // register mounts the gateway-proxy, GET /metrics and the budget admin API.
 func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) {
 	mux.Handle(contract.PathGatewayPrefix+"/", p.gateway)
-	a := &budgetAPI{svc: p.budget, log: log}
+	a := &budgetAPI{svc: p.budget, log: log, period: cfg.BudgetPeriod}
 	if cfg.AdminToken != "" {
 		sum := sha256.Sum256([]byte(cfg.AdminToken))
 		a.tokenHash = sum[:]
@@ -103,6 +101,8 @@ func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) 
 type budgetAPI struct {
 	svc *budget.Service
 	log *slog.Logger
+	// period is the kind of budget period (cfg.BudgetPeriod).
+	period budget.PeriodKind
 	// tokenHash is the SHA-256 of TALKIDE_ADMIN_TOKEN; nil disables the API.
 	tokenHash []byte
 }
@@ -139,10 +139,21 @@ type spendJSON struct {
 }
 
 func (a *budgetAPI) spend(r *http.Request, user string) (spendJSON, error) {
-	tenant := r.URL.Query().Get("tenant")
+	q := r.URL.Query()
+	if err := onlyParams(q, "tenant", "period"); err != nil {
+		return spendJSON{}, err
+	}
+	tenant := q.Get("tenant")
+	if err := tenantParam("tenant", tenant); err != nil {
+		return spendJSON{}, err
+	}
 	var sp budget.Spend
 	var err error
-	if p := r.URL.Query().Get("period"); p != "" {
+	if q.Has("period") {
+		p := q.Get("period")
+		if err := checkPeriod(a.period, p); err != nil {
+			return spendJSON{}, err
+		}
 		sp, err = a.svc.SpendIn(r.Context(), user, tenant, p)
 	} else {
 		sp, err = a.svc.Spend(r.Context(), user, tenant)
@@ -157,7 +168,11 @@ func (a *budgetAPI) spend(r *http.Request, user string) (spendJSON, error) {
 }
 
 func (a *budgetAPI) getUser(w http.ResponseWriter, r *http.Request) error {
-	sp, err := a.spend(r, r.PathValue("user"))
+	user, err := userParam(r)
+	if err != nil {
+		return err
+	}
+	sp, err := a.spend(r, user)
 	if err != nil {
 		return err
 	}
@@ -197,7 +212,10 @@ func readLimit(w http.ResponseWriter, r *http.Request) (budget.NanoUSD, error) {
 }
 
 func (a *budgetAPI) putUserLimit(w http.ResponseWriter, r *http.Request) error {
-	user := r.PathValue("user")
+	user, err := userParam(r)
+	if err != nil {
+		return err
+	}
 	limit, err := readLimit(w, r)
 	if err != nil {
 		return err
@@ -210,10 +228,14 @@ func (a *budgetAPI) putUserLimit(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *budgetAPI) deleteUserLimit(w http.ResponseWriter, r *http.Request) error {
-	if err := a.svc.ClearUserLimit(r.Context(), r.PathValue("user")); err != nil {
+	user, err := userParam(r)
+	if err != nil {
 		return err
 	}
-	a.log.Info("budget limit cleared", "user", r.PathValue("user"))
+	if err := a.svc.ClearUserLimit(r.Context(), user); err != nil {
+		return err
+	}
+	a.log.Info("budget limit cleared", "user", user)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -226,8 +248,8 @@ type tenantLimitJSON struct {
 
 func (a *budgetAPI) putTenantLimit(w http.ResponseWriter, r *http.Request) error {
 	tenant := r.PathValue("tenant")
-	if !validName(tenant) {
-		return httpapi.BadRequest("tenant %q: want [a-z0-9-]", tenant)
+	if err := tenantParam("tenant", tenant); err != nil {
+		return err
 	}
 	limit, err := readLimit(w, r)
 	if err != nil {
@@ -242,6 +264,9 @@ func (a *budgetAPI) putTenantLimit(w http.ResponseWriter, r *http.Request) error
 }
 
 func (a *budgetAPI) deleteTenantLimit(w http.ResponseWriter, r *http.Request) error {
+	if err := tenantParam("tenant", r.PathValue("tenant")); err != nil {
+		return err
+	}
 	if err := a.svc.ClearTenantLimit(r.Context(), r.PathValue("tenant")); err != nil {
 		return err
 	}
@@ -250,23 +275,9 @@ func (a *budgetAPI) deleteTenantLimit(w http.ResponseWriter, r *http.Request) er
 }
 
 func (a *budgetAPI) ledger(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	lq := budget.LedgerQuery{UserID: q.Get("user"), ConversationID: q.Get("conversation"), Kind: q.Get("kind")}
-	for name, dst := range map[string]*time.Time{"since": &lq.Since, "until": &lq.Until} {
-		if v := q.Get(name); v != "" {
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				return httpapi.BadRequest("%s: want an RFC 3339 time", name)
-			}
-			*dst = t
-		}
-	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return httpapi.BadRequest("limit: want a positive integer")
-		}
-		lq.Limit = n
+	lq, err := ledgerQuery(r.URL.Query())
+	if err != nil {
+		return err
 	}
 	entries, err := a.svc.Ledger(r.Context(), lq)
 	if err != nil {
