@@ -95,6 +95,13 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 	if err := budgetFromEnv(&cfg); err != nil {
 		return cfg, err
 	}
+	if v := os.Getenv("TALKIDE_SHUTDOWN_GRACE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return cfg, fmt.Errorf("TALKIDE_SHUTDOWN_GRACE %q: want a positive duration like 20s", v)
+		}
+		cfg.ShutdownGrace = d
+	}
 	for name, dst := range map[string]*[][2]string{"TALKIDE_DEV_GRANTS": &cfg.DevGrants, "TALKIDE_HEALTH_WORKERS": &cfg.HealthWorkers} {
 		te, err := controlplane.ParseTenantEnvs(os.Getenv(name))
 		if err != nil {

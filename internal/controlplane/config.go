@@ -75,7 +75,10 @@ type Config struct {
 	// HealthWorkers are "tenant/env" workers whose readiness /healthz
 	// requires [TALKIDE_HEALTH_WORKERS].
 	HealthWorkers [][2]string
-	// ShutdownGrace bounds the graceful shutdown. Default 10 s.
+	// ShutdownGrace is how long requests in flight (gateway calls above
+	// all) may go on after SIGTERM [TALKIDE_SHUTDOWN_GRACE, a Go duration];
+	// calls still running then are cut. Default 20 s (keep it below the
+	// pod's terminationGracePeriodSeconds).
 	ShutdownGrace time.Duration
 	Logger        *slog.Logger
 }
@@ -126,7 +129,7 @@ func (c *Config) Validate() error {
 		c.DevGrants = [][2]string{{"demo", "dev"}}
 	}
 	if c.ShutdownGrace <= 0 {
-		c.ShutdownGrace = 10 * time.Second
+		c.ShutdownGrace = 20 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -27,6 +27,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		cfg: cfg, db: db, master: master, log: cfg.Logger, mux: http.NewServeMux(),
 		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
 		heartbeat: 15 * time.Second,
+		draining:  make(chan struct{}),
 	}
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
@@ -81,5 +82,17 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 		}
 	}
 	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
-	return httpapi.Serve(ctx, httpapi.NewServer(ctx, ln.Addr().String(), h, cfg.Logger), ln, cfg.ShutdownGrace)
+	// Requests do not derive from ctx (the signal context): SIGTERM must
+	// not cut the gateway calls in flight. When ctx ends, the server stops
+	// accepting and BeginShutdown ends the browser streams; calls in flight
+	// get cfg.ShutdownGrace to finish, then the rest are cut (reqCtx ends)
+	// and booked for what is known. The worker does the same
+	// (internal/worker Run).
+	reqCtx, cut := context.WithCancel(context.WithoutCancel(ctx))
+	defer cut()
+	srv := httpapi.NewServer(reqCtx, ln.Addr().String(), h, cfg.Logger)
+	srv.RegisterOnShutdown(s.BeginShutdown) // runs once the listener is closed
+	err = httpapi.Serve(ctx, srv, ln, cfg.ShutdownGrace)
+	cfg.Logger.Info("control plane stopped serving", "err", err)
+	return err
 }

@@ -35,6 +35,41 @@ type Server struct {
 	workers *workerDirectory
 	// heartbeat is the interval of SSE comments to browsers.
 	heartbeat time.Duration
+	// draining is closed when shutdown begins (BeginShutdown): /healthz
+	// turns 503 and browser streams end, so browsers reconnect to another
+	// replica, while gateway calls in flight go on.
+	draining  chan struct{}
+	drainOnce sync.Once
+}
+
+// BeginShutdown turns the control plane unready and ends its browser
+// streams cleanly (each with a comment saying why), so browsers reconnect
+// with Last-Event-ID to another replica; the events live on the worker, so
+// nothing is lost. Requests in flight (gateway calls, reports) are not
+// touched: they finish while the HTTP server drains. It is idempotent.
+func (s *Server) BeginShutdown() {
+	s.drainOnce.Do(func() {
+		s.log.Info("control plane shutting down: unready, browser streams ended, calls in flight finishing")
+		close(s.draining)
+	})
+}
+
+// shuttingDown reports whether BeginShutdown was called.
+func (s *Server) shuttingDown() bool {
+	select {
+	case <-s.draining:
+		return true
+	default:
+		return false
+	}
+}
+
+// errShuttingDown answers requests that would start long work (a browser
+// stream) on a control plane that is shutting down.
+func errShuttingDown() error {
+	e := httpapi.Errorf(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "this control plane is shutting down; retry (another replica answers)")
+	e.Header = http.Header{"Retry-After": {"1"}}
+	return e
 }
 
 // workerDirectory finds and caches the client of each tenant-env's worker.
@@ -347,6 +382,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.shuttingDown() {
+		return errShuttingDown()
+	}
 	last := r.Header.Get(contract.HeaderLastEventID)
 	if last == "" {
 		last = r.URL.Query().Get("after")
@@ -426,6 +464,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 			if err := sw.WriteComment("heartbeat"); err != nil {
 				return nil
 			}
+		case <-s.draining:
+			// End the response cleanly: the browser reconnects with the
+			// id of the last event it got, to a replica still serving.
+			_ = sw.WriteComment("control plane shutting down; reconnect with Last-Event-ID")
+			return nil
 		case <-ctx.Done():
 			return nil
 		}
@@ -433,6 +476,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	if s.shuttingDown() {
+		return errShuttingDown()
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	if err := s.db.SQL.PingContext(ctx); err != nil {

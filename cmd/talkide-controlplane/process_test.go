@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sse"
+)
+
+// The tests of this file run the control plane as a real process: the test
+// binary itself, re-executed with envExecMain set, runs main().
+const envExecMain = "TALKIDE_TEST_EXEC_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envExecMain) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// cpProcess is a control plane running as a child process.
+type cpProcess struct {
+	cmd *exec.Cmd
+	// URL is its base URL, read from its "control plane listening" log line.
+	URL string
+	// exited is closed when the process has ended; err is Wait's result.
+	exited chan struct{}
+	err    error
+
+	mu sync.Mutex
+	// log is the process's stderr so far; guarded by mu.
+	log bytes.Buffer
+}
+
+// startControlPlaneProcess starts the control plane with env (on top of this
+// process's environment without any TALKIDE_ or ANTHROPIC_ variable) and
+// waits until it listens. wrap, when set, is a shell prefix such as
+// `ulimit -n 200;` run before exec. The process is killed at the end of the
+// test if it still runs.
+func startControlPlaneProcess(t *testing.T, env []string, wrap string) *cpProcess {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	if wrap != "" {
+		cmd = exec.Command("/bin/sh", "-c", wrap+` exec "$0"`, self)
+	}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TALKIDE_") && !strings.HasPrefix(kv, "ANTHROPIC_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, envExecMain+"=1", "TALKIDE_HTTP_ADDR=127.0.0.1:0")
+	cmd.Env = append(cmd.Env, env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &cpProcess{cmd: cmd, exited: make(chan struct{})}
+	listening := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			p.mu.Lock()
+			p.log.Write(line)
+			p.log.WriteByte('\n')
+			p.mu.Unlock()
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal(line, &rec) == nil && rec.Msg == "control plane listening" {
+				select {
+				case listening <- rec.Addr:
+				default:
+				}
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("control plane log:\n%s", p.Log())
+		}
+	})
+	select {
+	case addr := <-listening:
+		p.URL = "http://" + addr
+	case <-p.exited:
+		t.Fatalf("control plane exited while starting: %v\n%s", p.err, p.Log())
+	}
+	return p
+}
+
+// Log returns what the process wrote to stderr so far.
+func (p *cpProcess) Log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// waitReady polls /healthz until it answers 200.
+func (p *cpProcess) waitReady(t *testing.T) {
+	t.Helper()
+	for {
+		resp, err := http.Get(p.URL + "/healthz")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("control plane exited: %v\n%s", p.err, p.Log())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// fakeWorker is a tenant-env's worker as the control plane sees it: it
+// creates sessions and serves a conversation's durable event log as SSE,
+// resuming after Last-Event-ID and following new events, like the real
+// worker's GET /v1/conversations/{id}/events.
+type fakeWorker struct {
+	mu sync.Mutex
+	// events is the log of every conversation, ids 1, 2, ...; changed is
+	// closed (and replaced) when one is appended. Guarded by mu.
+	events  []contract.Event
+	changed chan struct{}
+}
+
+func newFakeWorker() *fakeWorker { return &fakeWorker{changed: make(chan struct{})} }
+
+// add appends an event and returns its id.
+func (f *fakeWorker) add(conv string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := int64(len(f.events) + 1)
+	f.events = append(f.events, contract.Event{ID: id, Type: "assistant_text", ConversationID: conv,
+		Time: time.Now().UTC(), Data: json.RawMessage(`{"text":"event ` + strconv.FormatInt(id, 10) + `"}`)})
+	close(f.changed)
+	f.changed = make(chan struct{})
+	return id
+}
+
+func (f *fakeWorker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/session") {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+		return
+	}
+	if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/events") {
+		http.Error(w, `{"error":{"type":"not_found","message":"no"}}`, http.StatusNotFound)
+		return
+	}
+	after, _ := strconv.ParseInt(r.Header.Get(contract.HeaderLastEventID), 10, 64)
+	sw := sse.NewWriter(w)
+	w.WriteHeader(http.StatusOK)
+	sw.WriteComment("fake worker")
+	for {
+		f.mu.Lock()
+		pending := append([]contract.Event(nil), f.events[min(int(after), len(f.events)):]...)
+		changed := f.changed
+		f.mu.Unlock()
+		for _, ev := range pending {
+			if err := sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev); err != nil {
+				return
+			}
+			after = ev.ID
+		}
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// readEvent reads the next event of a browser stream, skipping comments.
+func readEvent(r *sse.Reader) (contract.Event, error) {
+	for {
+		e, err := r.Next()
+		if err != nil {
+			return contract.Event{}, err
+		}
+		if len(e.Data) == 0 {
+			continue
+		}
+		var ev contract.Event
+		return ev, json.Unmarshal(e.Data, &ev)
+	}
+}
