@@ -1,0 +1,435 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Jail confines each conversation's agent (its CLI and every process the
+// CLI starts) with kernel mechanisms, set up by bubblewrap (bwrap, the
+// audited tool Claude Code's own Linux sandbox and Flatpak use) rather than
+// namespace code of our own:
+//
+//   - a PID namespace of its own: the agent sees only its own processes in a
+//     private /proc, and when the CLI exits, the kernel kills every process
+//     left in the namespace, however it detached (setsid, double fork,
+//     cleared environment). bwrap's --die-with-parent does the same when the
+//     worker dies.
+//   - a mount namespace with a view of its own: the host's system
+//     directories read-only (ReadOnly), its conversation's directories
+//     read-write, a private /tmp, and the files the worker gives it (the
+//     managed settings that carry the operator's permission policy, the MCP
+//     configuration) read-only and visible to no other process. The session
+//     volume, the worker's state and other conversations are not in it.
+//   - IPC and UTS namespaces, a new session (no terminal to inject into),
+//     no capabilities, and a user namespace when the agent is not root.
+//   - with Cgroups, a control group of its own with Limits (memory,
+//     processes, CPU weight), counted (Counters) and killed as a whole.
+//
+// The worker needs, from its host or pod: bwrap and prlimit on PATH; for
+// agents of their own uids, root (or CAP_SETUID/CAP_SETGID) in the worker's
+// user namespace; unprivileged user namespaces allowed (bwrap creates one
+// per agent; seccomp profiles such as Docker's default forbid this, so the
+// pod needs an Unconfined or a custom profile) and an unmasked /proc (so a
+// new procfs may be mounted: procMount Unmasked, or a privileged container);
+// for limits, a writable cgroup (v2 delegated, or v1). CheckJail tries all
+// of that once at start.
+type Jail struct {
+	// Bwrap is the bubblewrap binary. Required.
+	Bwrap string
+	// Prlimit is util-linux's prlimit, used inside the jail to cap the size
+	// of any one file the agent writes (Limits.DiskBytes) and forbid core
+	// dumps; "" skips that.
+	Prlimit string
+	// Cgroups, when set, gives each agent a control group with Limits.
+	Cgroups *Cgroups
+	// Limits are each agent's limits (with defaults applied by the caller).
+	Limits Limits
+	// ReadOnly are host paths every agent sees read-only at the same path.
+	// Nil means DefaultReadOnly. /etc is rebuilt from the host's entries, so
+	// the worker can add its own files under it (/etc/claude-code) without
+	// changing the host.
+	ReadOnly []string
+}
+
+// DefaultReadOnly is what an agent sees of the host: the operating system
+// and the tools installed with it. Home directories, /root, /srv, /var,
+// /run (sockets of local services) and the worker's data are not in it.
+var DefaultReadOnly = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/etc"}
+
+// File is a file given to the agent read-only at Path inside its view.
+type File struct {
+	Path string
+	Data []byte
+}
+
+// Spec is one agent process to start in a jail.
+type Spec struct {
+	// Name names its control group (the conversation id).
+	Name string
+	// User is the account it runs as; nil runs it as the worker's own.
+	User *User
+	// Path and Args are the program and its arguments (Args[0] excluded).
+	Path string
+	Args []string
+	// Env is its whole environment.
+	Env []string
+	// Dir is its working directory; it must be in Writable.
+	Dir string
+	// Writable are host directories it sees read-write at the same path.
+	Writable []string
+	// ReadOnly are further host paths it sees read-only (the CLI binary's
+	// directory).
+	ReadOnly []string
+	// Files are given to it read-only.
+	Files []File
+}
+
+// Cell is one started (or ready to start) jailed process.
+type Cell struct {
+	// Cmd is the bwrap process; set Stdin, Stdout and Stderr (or take
+	// pipes) before Start, and Wait for it as for any command.
+	Cmd *exec.Cmd
+	cg  *Cgroup
+	// block is the write end of bwrap's --block-fd: the jailed program
+	// does not start before it is written to (after the jail's processes
+	// were put in their control group).
+	block *os.File
+	// parentFiles are the parent's copies of the child's extra files.
+	parentFiles []*os.File
+}
+
+// Command prepares the jailed process of spec. Call Start on the result, or
+// Close if it will not be started.
+func (j *Jail) Command(spec Spec) (*Cell, error) {
+	if j.Bwrap == "" {
+		return nil, errors.New("jail: no bwrap binary")
+	}
+	c := &Cell{}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+	var extra []*os.File
+	// fd numbers in the child: 3 + index in extra.
+	addFile := func(f *os.File) int {
+		extra = append(extra, f)
+		c.parentFiles = append(c.parentFiles, f)
+		return 2 + len(extra)
+	}
+	blockR, blockW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("jail: %w", err)
+	}
+	c.block = blockW
+	blockFD := addFile(blockR)
+
+	args := []string{"--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+		"--unshare-cgroup-try", "--hostname", "talkide-agent", "--cap-drop", "ALL"}
+	if spec.User != nil && spec.User.UID != 0 || spec.User == nil && os.Geteuid() != 0 {
+		args = append(args, "--unshare-user")
+	}
+	ro := j.ReadOnly
+	if ro == nil {
+		ro = DefaultReadOnly
+	}
+	for _, p := range ro {
+		if filepath.Clean(p) == "/etc" {
+			a, err := etcArgs()
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, a...)
+			continue
+		}
+		args = append(args, bindArgs("--ro-bind", p)...)
+	}
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run")
+	for _, p := range spec.ReadOnly {
+		args = append(args, bindArgs("--ro-bind", p)...)
+	}
+	for _, w := range spec.Writable {
+		args = append(args, "--bind", w, w)
+	}
+	for _, f := range spec.Files {
+		fd, err := unix.MemfdCreate("talkide-jail-file", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("jail: memfd: %w", err)
+		}
+		mf := os.NewFile(uintptr(fd), f.Path)
+		if _, err := mf.Write(f.Data); err != nil {
+			mf.Close()
+			return nil, fmt.Errorf("jail: write %s: %w", f.Path, err)
+		}
+		if _, err := mf.Seek(0, 0); err != nil {
+			mf.Close()
+			return nil, fmt.Errorf("jail: %w", err)
+		}
+		n := addFile(mf)
+		args = append(args, "--dir", filepath.Dir(f.Path), "--perms", "0444", "--ro-bind-data", strconv.Itoa(n), f.Path)
+	}
+	if spec.Dir != "" {
+		args = append(args, "--chdir", spec.Dir)
+	}
+	args = append(args, "--block-fd", strconv.Itoa(blockFD), "--")
+	if j.Prlimit != "" {
+		lim := []string{j.Prlimit, "--core=0"}
+		if d := j.Limits.DiskBytes; d > 0 {
+			lim = append(lim, "--fsize="+strconv.FormatInt(d, 10))
+		}
+		args = append(args, append(lim, "--")...)
+	}
+	args = append(args, spec.Path)
+	args = append(args, spec.Args...)
+
+	cmd := exec.Command(j.Bwrap, args...)
+	cmd.Env = spec.Env
+	cmd.ExtraFiles = extra
+	// Its own process group, and killed if the worker dies (bwrap's
+	// --die-with-parent then ends the jail's namespace).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if spec.User != nil {
+		cmd.SysProcAttr.Credential = spec.User.Credential()
+	}
+	c.Cmd = cmd
+	if j.Cgroups != nil {
+		if c.cg, err = j.Cgroups.New(spec.Name, j.Limits); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return c, nil
+}
+
+// Start starts the jail, puts its processes in their control group, and
+// then lets the program run. On error nothing is left running.
+func (c *Cell) Start() error {
+	if err := c.Cmd.Start(); err != nil {
+		c.Close()
+		return err
+	}
+	for _, f := range c.parentFiles {
+		f.Close() // the child has its copies
+	}
+	c.parentFiles = nil
+	if c.cg != nil {
+		// bwrap waits on --block-fd before it runs the program, so every
+		// process of the jail exists and none has run agent code yet: move
+		// the whole tree. A fork racing with the move either shows up in
+		// the second scan or is born inside the group.
+		var err error
+		for range 2 {
+			for _, pid := range append([]int{c.Cmd.Process.Pid}, descendants(c.Cmd.Process.Pid)...) {
+				if e := c.cg.Add(pid); e != nil && !errors.Is(e, syscall.ESRCH) {
+					err = e
+				}
+			}
+		}
+		if err != nil {
+			c.Kill()
+			_ = c.Cmd.Wait()
+			c.Close()
+			return err
+		}
+	}
+	_, err := c.block.Write([]byte{1})
+	c.block.Close()
+	c.block = nil
+	if err != nil {
+		c.Kill()
+		_ = c.Cmd.Wait()
+		c.Close()
+		return fmt.Errorf("jail: release the program: %w", err)
+	}
+	return nil
+}
+
+// Kill ends every process of the jail at once.
+func (c *Cell) Kill() {
+	if c.Cmd.Process != nil {
+		_ = syscall.Kill(-c.Cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if c.cg != nil {
+		c.cg.Kill()
+	}
+}
+
+// Counters returns the jail's limit counters (zero without a control group).
+func (c *Cell) Counters() Counters {
+	if c.cg == nil {
+		return Counters{}
+	}
+	return c.cg.Counters()
+}
+
+// Close releases the jail after its process was waited for: whatever is
+// left in its control group is killed and the group removed.
+func (c *Cell) Close() {
+	if c.block != nil {
+		c.block.Close()
+		c.block = nil
+	}
+	for _, f := range c.parentFiles {
+		f.Close()
+	}
+	c.parentFiles = nil
+	if c.cg != nil {
+		c.cg.Remove()
+	}
+}
+
+// bindArgs binds host path p at the same path with flag, or recreates it
+// when p is a symbolic link (merged /usr: /bin -> usr/bin). A missing p
+// gives nothing.
+func bindArgs(flag, p string) []string {
+	st, err := os.Lstat(p)
+	if err != nil {
+		return nil
+	}
+	if st.Mode()&os.ModeSymlink != 0 {
+		target, err := os.Readlink(p)
+		if err != nil {
+			return nil
+		}
+		return []string{"--symlink", target, p}
+	}
+	return []string{flag, p, p}
+}
+
+// etcArgs rebuild /etc as a tmpfs holding read-only binds of the host's
+// entries, so the jail can add files of its own under it. The host's
+// /etc/claude-code is left out: the agent's managed settings come from the
+// worker only. Links into /proc and /run (mtab, resolv.conf under
+// systemd-resolved) are replaced by what they point to, or kept as links.
+func etcArgs() ([]string, error) {
+	entries, err := os.ReadDir("/etc")
+	if err != nil {
+		return nil, fmt.Errorf("jail: read /etc: %w", err)
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		if e.Name() != "claude-code" {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	args := []string{"--tmpfs", "/etc"}
+	for _, n := range names {
+		p := "/etc/" + n
+		st, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if st.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err != nil {
+				continue
+			}
+			if real, err := filepath.EvalSymlinks(p); err == nil && strings.HasPrefix(real, "/run/") {
+				args = append(args, "--ro-bind-try", real, p)
+				continue
+			}
+			args = append(args, "--symlink", target, p)
+			continue
+		}
+		args = append(args, "--ro-bind-try", p, p)
+	}
+	return args, nil
+}
+
+// descendants returns the ids of pid's descendants, from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	parent := map[int]int{}
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			parent[p] = pp
+		}
+	}
+	var out []int
+	want := map[int]bool{pid: true}
+	for changed := true; changed; {
+		changed = false
+		for p, pp := range parent {
+			if want[pp] && !want[p] {
+				want[p] = true
+				out = append(out, p)
+				changed = true
+			}
+		}
+	}
+	return out
+}
+
+// Check starts a probe in a jail, as u (nil: the worker's own user), and
+// reports what the host or pod lacks for it, in words an operator can act
+// on: bwrap missing or refused (user namespaces, seccomp), no private /proc
+// (a masked /proc), or a control group that cannot be made.
+func (j *Jail) Check(u *User, scratch string) error {
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		return fmt.Errorf("jail check: %w", err)
+	}
+	if u != nil {
+		if err := os.Chown(scratch, int(u.UID), int(u.GID)); err != nil {
+			return fmt.Errorf("jail check: %w", err)
+		}
+	}
+	defer os.RemoveAll(scratch)
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		return fmt.Errorf("jail check: %w", err)
+	}
+	c, err := j.Command(Spec{Name: "jail-check", User: u, Path: sh,
+		Args:     []string{"-c", `test "$$" -le 3 && test ! -e /proc/1/root/proc/1 -o -r /proc/self/stat && cat /etc/claude-code/probe`},
+		Env:      []string{"PATH=/usr/bin:/bin"},
+		Dir:      scratch,
+		Writable: []string{scratch},
+		Files:    []File{{Path: "/etc/claude-code/probe", Data: []byte("jail-ok")}},
+	})
+	if err != nil {
+		return fmt.Errorf("jail check: %w", err)
+	}
+	var out strings.Builder
+	c.Cmd.Stdout, c.Cmd.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		return fmt.Errorf("jail check: start bwrap: %w", err)
+	}
+	err = c.Cmd.Wait()
+	c.Close()
+	if err != nil || !strings.Contains(out.String(), "jail-ok") {
+		return fmt.Errorf("jail check: bwrap could not build the agent's jail (%v): %s; the worker needs unprivileged user namespaces (no seccomp or AppArmor profile forbidding them) and an unmasked /proc", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testJail is a jail with the host's bwrap and, when the host has them,
+// control groups; the tests run as root here and in CI, where both must
+// work, so a missing piece fails rather than skips.
+func testJail(t *testing.T, l Limits) (*Jail, *User, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (agents of their own uid); CI runs as root")
+	}
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		t.Fatalf("bwrap: %v (make tools installs bubblewrap)", err)
+	}
+	prlimit, _ := exec.LookPath("prlimit")
+	cg, err := OpenCgroups("test-" + strings.ReplaceAll(t.Name(), "/", "_"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &User{UID: 299990, GID: 299990}
+	dir := filepath.Join(t.TempDir(), "conv")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.PrepareDir(filepath.Dir(filepath.Dir(dir)), dir); err != nil {
+		t.Fatal(err)
+	}
+	return &Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults()}, u, dir
+}
+
+func runJailed(t *testing.T, j *Jail, u *User, dir, script string, files ...File) (string, *Cell) {
+	t.Helper()
+	c, err := j.Command(Spec{Name: "c1", User: u, Path: "/bin/bash", Args: []string{"-c", script},
+		Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}, Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	c.Cmd.Stdout, c.Cmd.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Cmd.Wait()
+	return out.String(), c
+}
+
+// hostProcesses returns the host's processes whose command line holds s.
+func hostProcesses(s string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
+
+// TestJailEndsDetachedProcesses is case C1: processes that left the
+// process group and the session and cleared their environment end when the
+// jailed program ends.
+func TestJailEndsDetachedProcesses(t *testing.T) {
+	j, u, dir := testJail(t, Limits{})
+	out, c := runJailed(t, j, u, dir, `setsid sleep 3001 & setsid env -i sleep 3002 & nohup sleep 3003 >/dev/null 2>&1 & (sh -c 'sleep 3004 &' &) ; sleep 0.2; echo started`)
+	defer c.Close()
+	if !strings.Contains(out, "started") {
+		t.Fatalf("probe: %q", out)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := hostProcesses("sleep 300")
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes outlived their jail: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestJailView: the agent sees only its own processes, its own directory
+// read-write, the system read-only, the files it was given, and nothing of
+// the worker's data.
+func TestJailView(t *testing.T) {
+	j, u, dir := testJail(t, Limits{})
+	secret := filepath.Join(filepath.Dir(dir), "worker-secret")
+	if err := os.WriteFile(secret, []byte("s3cret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `echo procs=$(ls /proc | grep -c '^[0-9]'); ` +
+		`cat ` + secret + ` 2>/dev/null || echo no-secret; ` +
+		`touch /usr/x 2>/dev/null || echo usr-ro; echo hi > ` + dir + `/w && echo dir-rw; ` +
+		`cat /etc/claude-code/managed-settings.json; echo; test -r /etc/passwd && echo etc-ok; id -u`
+	out, c := runJailed(t, j, u, dir, script, File{Path: "/etc/claude-code/managed-settings.json", Data: []byte(`{"x":1}`)})
+	c.Close()
+	for _, want := range []string{"no-secret", "usr-ro", "dir-rw", `{"x":1}`, "etc-ok", "299990"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Error("the agent read a file beside its directory")
+	}
+	var procs int
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "procs="); ok {
+			procs = len(v)
+			if v != "1" && v != "2" && v != "3" && v != "4" && v != "5" {
+				t.Errorf("the agent sees %s processes, want only its own few", v)
+			}
+		}
+	}
+	if procs == 0 {
+		t.Errorf("no process count in %q", out)
+	}
+	if _, err := os.Stat("/etc/claude-code/managed-settings.json"); err == nil {
+		t.Error("the jail's managed settings were written on the host")
+	}
+}
+
+// TestJailLimits: a bounded process loop and a bounded memory hog hit their
+// limits inside the jail; the counters say so and the jail's program goes on.
+func TestJailLimits(t *testing.T) {
+	j, u, dir := testJail(t, Limits{MemoryBytes: 96 << 20, Processes: 32})
+	out, c := runJailed(t, j, u, dir,
+		`head -c 300000000 /dev/zero | tail > /dev/null; echo hog-exit=$?; `+
+			`sh -c 'i=0; while [ $i -lt 64 ]; do sleep 3005 & i=$((i+1)); done' 2>/dev/null; echo loop-exit=$?; echo survived`)
+	defer c.Close()
+	if !strings.Contains(out, "survived") {
+		t.Fatalf("the jailed program did not survive its children's limits: %q", out)
+	}
+	got := c.Counters()
+	if got.ProcessLimitHits == 0 {
+		t.Errorf("process limit hits: got 0, want > 0 (%q)", out)
+	}
+	if got.OOMKills == 0 {
+		t.Errorf("OOM kills: got 0, want > 0 (%q)", out)
+	}
+	c.Close()
+	if left := hostProcesses("sleep 3005"); len(left) > 0 {
+		t.Errorf("the loop's processes outlived the jail: %d left", len(left))
+	}
+}
