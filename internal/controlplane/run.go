@@ -28,6 +28,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
 		heartbeat: 15 * time.Second,
 		draining:  make(chan struct{}),
+		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
 	}
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
@@ -81,7 +82,13 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 			return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 		}
 	}
-	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
+	// Check the model upstream now, so a wrong URL or a missing route shows
+	// in the log at start, not as the first turn's failure; readiness
+	// (/healthz) keeps checking.
+	if err := s.upstream.result(ctx); err != nil {
+		cfg.Logger.Error("model upstream cannot be reached: model calls fail until it can", "upstream", cfg.Upstream.Redacted(), "err", err)
+	}
+	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.Redacted())
 	// Requests do not derive from ctx (the signal context): SIGTERM must
 	// not cut the gateway calls in flight. When ctx ends, the server stops
 	// accepting and BeginShutdown ends the browser streams; calls in flight

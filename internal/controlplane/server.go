@@ -40,6 +40,9 @@ type Server struct {
 	// replica, while gateway calls in flight go on.
 	draining  chan struct{}
 	drainOnce sync.Once
+	// upstream checks that the model upstream resolves and answers, for
+	// readiness and at start.
+	upstream *upstreamCheck
 }
 
 // BeginShutdown turns the control plane unready and ends its browser
@@ -492,6 +495,11 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 		if err := wc.Ready(ctx); err != nil {
 			return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "worker "+te[0]+"/"+te[1]+" not ready", err)
 		}
+	}
+	// Model calls fail while the upstream cannot be reached: say so, with
+	// the cause (a *gateway.UpstreamError), rather than look ready.
+	if err := s.upstream.result(r.Context()); err != nil {
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, err.Error(), err)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil

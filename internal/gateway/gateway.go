@@ -499,14 +499,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		h.m.request(path, httpapi.StatusClientClosed)
 		return
 	}
-	status, typ := http.StatusBadGateway, anthropic.ErrAPI
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
-	}
-	h.log.Error("gateway upstream failed", "status", status, "request_id", reqID, "err", err)
-	h.m.request(path, status)
-	anthropic.WriteError(w, status, typ, "upstream unreachable", reqID, nil)
+	h.upstreamFailed(w, path, reqID, err)
 }
 
 // ticketTransport reaches the upstream for a call whose reservation may

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/sessionstore"
@@ -289,11 +291,18 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
+			var eb contract.ErrorBody
+			_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
-			err = fmt.Errorf("healthz answered %d", resp.StatusCode)
+			err = fmt.Errorf("healthz answered %d: %s", resp.StatusCode, eb.Error.Message)
+			if strings.HasPrefix(eb.Error.Message, "model upstream ") {
+				// The control plane checked the upstream (with a timeout of
+				// its own): waiting longer only delays the news.
+				return err
+			}
 		}
 		last = err
 		select {
