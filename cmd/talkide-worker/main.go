@@ -64,6 +64,8 @@ func configFromEnv() (worker.Config, error) {
 		CLITmpDir:        os.Getenv("TALKIDE_CLI_TMP_DIR"),
 		AgentUser:        os.Getenv("TALKIDE_AGENT_USER"),
 		PermissionPolicy: os.Getenv("TALKIDE_PERMISSION_POLICY"),
+		HostUIDDir:       os.Getenv("TALKIDE_HOST_UID_DIR"),
+		MetricsToken:     os.Getenv("TALKIDE_METRICS_TOKEN"),
 		CLIExtraEnv:      worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
 		Logger:           slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}
@@ -100,7 +102,11 @@ func configFromEnv() (worker.Config, error) {
 			*dst = d
 		}
 	}
-	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents} {
+	if cfg.HostUIDDir == "" {
+		cfg.HostUIDDir = sandbox.DefaultHostUIDDir
+	}
+	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents,
+		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversations, "TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser} {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {

@@ -24,7 +24,7 @@ const (
 	PathMessages   = "/v1/conversations/{id}/messages"                 // POST SendMessageRequest → 202 SendMessageResponse
 	PathInterrupt  = "/v1/conversations/{id}/interrupt"                // POST → 202 InterruptResponse
 	PathStop       = "/v1/conversations/{id}/stop"                     // POST → 200 SessionStatus
-	PathStatus     = "/v1/conversations/{id}"                          // GET → 200 SessionStatus
+	PathStatus     = "/v1/conversations/{id}"                          // GET → 200 SessionStatus; DELETE → 200 SessionDeleted
 	PathEvents     = "/v1/conversations/{id}/events"                   // GET → text/event-stream of Event
 	PathPermission = "/v1/conversations/{id}/permissions/{request_id}" // POST PermissionAnswer → 200 PermissionResolved
 )
@@ -171,6 +171,15 @@ type InterruptResponse struct {
 	// Interrupted is true when a running turn was asked to stop; false when
 	// no turn was running (nothing to interrupt).
 	Interrupted bool `json:"interrupted"`
+}
+
+// SessionDeleted answers DELETE PathStatus: the conversation is gone from
+// the worker (its process stopped, its files, state and events removed).
+type SessionDeleted struct {
+	ConversationID string `json:"conversation_id"`
+	// AgentUIDReleased is true when the conversation's agent had a user id
+	// of its own, now released (its processes ended, its files removed).
+	AgentUIDReleased bool `json:"agent_uid_released"`
 }
 
 // EventType names an event; it is the SSE "event:" field.

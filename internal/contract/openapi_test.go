@@ -148,6 +148,7 @@ var workerSchemas = []mirrored{
 	{"SendMessageRequest", contract.SendMessageRequest{}, request},
 	{"SendMessageResponse", contract.SendMessageResponse{}, answer},
 	{"InterruptResponse", contract.InterruptResponse{}, answer},
+	{"SessionDeleted", contract.SessionDeleted{}, answer},
 	{"Event", contract.Event{}, answer},
 	{"ErrorBody", contract.ErrorBody{}, answer},
 	{"ErrorDetail", contract.ErrorDetail{}, answer},
@@ -1107,6 +1108,7 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 	worker["CreateSessionRequest"] = []any{contract.CreateSessionRequest{UserID: "u1"}, contract.CreateSessionRequest{UserID: "u1", Model: "opus"}}
 	worker["SendMessageRequest"] = []any{contract.SendMessageRequest{ClientMessageID: "m1", UserID: "u1", Text: "hi"}}
 	worker["MintRequest"] = []any{contract.MintRequest{ConversationID: "c1"}}
+	worker["SessionDeleted"] = []any{contract.SessionDeleted{ConversationID: "c1", AgentUIDReleased: true}}
 	worker["MintResponse"] = []any{contract.MintResponse{Token: "a.b.c", ExpiresAt: time.Now().UTC().Truncate(time.Second)}}
 
 	for docName, c := range map[string]struct {

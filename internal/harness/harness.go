@@ -96,6 +96,11 @@ type Config struct {
 	// conversations cannot read each other's files, transcripts or
 	// environments either. It needs the worker to run as root.
 	AgentUIDs *sandbox.UIDRange
+	// MaxConversations caps the conversations stored on the session volume
+	// (the tenant-env's); MaxConversationsPerUser caps one user's among
+	// them. Creating one more fails with ErrQuota. Defaults 1000 and 100;
+	// negative: no cap.
+	MaxConversations, MaxConversationsPerUser int
 	// RecoverInterval is how often the harness looks for conversations with
 	// waiting work that no live replica owns (handed over by a replica that
 	// shut down or died). Default 5 s.
@@ -143,6 +148,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.RecoverInterval <= 0 {
 		c.RecoverInterval = 5 * time.Second
+	}
+	if c.MaxConversations == 0 {
+		c.MaxConversations = 1000
+	}
+	if c.MaxConversationsPerUser == 0 {
+		c.MaxConversationsPerUser = 100
 	}
 	if c.Leases != nil && (c.Identity.Holder == "" || c.Identity.Incarnation == "") {
 		return errors.New("harness config: Identity is required with Leases")
@@ -219,6 +230,8 @@ type Harness struct {
 
 	// procs counts goroutines of CLI processes, waited for by Run.
 	procs sync.WaitGroup
+	// createMu serializes the creation of conversations (quota.go).
+	createMu sync.Mutex
 }
 
 // New returns a Harness storing state in store and routing model calls
@@ -363,6 +376,7 @@ func (h *Harness) load(conv, userID, model string, create bool) (*session, error
 // and cleans up after a crashed previous owner. held is its lease.
 func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held) (*session, error) {
 	meta, err := h.store.LoadMeta(conv)
+	created := false
 	switch {
 	case errors.Is(err, sessionstore.ErrNotFound):
 		if !create {
@@ -371,6 +385,12 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 		if userID == "" {
 			return nil, fmt.Errorf("%w: user_id is required", ErrInvalid)
 		}
+		admitted, err := h.admitNew(userID)
+		if err != nil {
+			return nil, err
+		}
+		defer admitted()
+		created = true
 		if model == "" {
 			model = h.cfg.Model
 		}
@@ -398,15 +418,12 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 	s := &session{h: h, conv: conv, meta: meta, log: elog, held: held}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := h.cfg.AgentUIDs; r != nil && meta.AgentUID == 0 {
-		uid, err := r.Claim(conv)
-		if err != nil {
+	if r := h.cfg.AgentUIDs; r != nil {
+		if err := s.agentUIDLocked(r); err != nil {
 			elog.Close()
-			return nil, fmt.Errorf("give the conversation an agent user: %w", err)
-		}
-		meta.AgentUID = uid
-		if err := h.store.SaveMeta(meta); err != nil {
-			elog.Close()
+			if created {
+				_ = h.store.Delete(conv) // refused: as if never created
+			}
 			return nil, err
 		}
 	}

@@ -47,7 +47,7 @@ func startReplica(t *testing.T, id, sessionDir string, up *url.URL, master token
 	}
 	key := master.Derive(token.PurposeWorkerRequest, "acme", "dev")
 	cfg := worker.Config{Tenant: "acme", Env: "dev", RequestKeys: []token.Key{key}, NoOpUpstream: up,
-		SessionDir: sessionDir, ClaudeBin: bin, WorkerID: id, ShutdownGrace: 10 * time.Second, Logger: log}
+		SessionDir: sessionDir, ClaudeBin: bin, WorkerID: id, ShutdownGrace: 10 * time.Second, Logger: log, MetricsToken: testMetricsToken}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,9 @@ func TestRollingUpdate(t *testing.T) {
 	old := startReplica(t, "worker-old", vol, upURL, master)
 	next := startReplica(t, "worker-new", vol, upURL, master)
 	ctx := context.Background()
-	resp, err := http.Get(old.url + "/metrics")
+	mreq, _ := http.NewRequest("GET", old.url+"/metrics", nil)
+	mreq.Header.Set("Authorization", "Bearer "+testMetricsToken)
+	resp, err := http.DefaultClient.Do(mreq)
 	if err != nil {
 		t.Fatal(err)
 	}

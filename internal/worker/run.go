@@ -108,6 +108,27 @@ type Config struct {
 	// KeepEvents bounds each conversation's event log (the oldest events are
 	// dropped beyond it) [TALKIDE_EVENT_RETENTION]. Default 10000.
 	KeepEvents int
+	// MaxConversations caps the conversations of this tenant-env on the
+	// session volume [TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV];
+	// MaxConversationsPerUser one user's among them
+	// [TALKIDE_MAX_CONVERSATIONS_PER_USER]. A create beyond a cap is 429.
+	// Defaults 1000 and 100 (the control plane enforces the same settings
+	// first; these are its backstop).
+	MaxConversations, MaxConversationsPerUser int
+	// HostUIDDir is the host-wide directory of agent uid claims, shared by
+	// every worker on the machine so no two hand out the same uid
+	// [TALKIDE_HOST_UID_DIR; cmd/talkide-worker defaults it to
+	// /run/talkide/uids]. Empty: this worker is alone on its host.
+	HostUIDDir string
+	// AgentUIDRange is the First and Count of the per-conversation agent
+	// uids (Dir and HostDir come from SessionDir and HostUIDDir). Zero:
+	// sandbox.DefaultUIDs. Every worker of a host must use the same range
+	// with the same HostUIDDir.
+	AgentUIDRange sandbox.UIDRange
+	// MetricsToken is the bearer token GET /metrics requires
+	// [TALKIDE_METRICS_TOKEN, at least 16 characters]. Empty: /metrics
+	// answers 403 (the agent shares the worker's host and loopback).
+	MetricsToken string
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
@@ -167,6 +188,12 @@ func (c *Config) Validate() error {
 	case "file", "kubernetes":
 	default:
 		errs = append(errs, fmt.Errorf("TALKIDE_LEASE_BACKEND %q: want file or kubernetes", c.LeaseBackend))
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
+		errs = append(errs, errors.New("TALKIDE_METRICS_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
+	}
+	if c.MaxConversations < 0 || c.MaxConversationsPerUser < 0 {
+		errs = append(errs, errors.New("TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV and TALKIDE_MAX_CONVERSATIONS_PER_USER: want positive integers"))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -255,7 +282,11 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	case c.AgentUser == "self":
 	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
 		r := sandbox.DefaultUIDs
+		if c.AgentUIDRange.Count > 0 {
+			r.First, r.Count = c.AgentUIDRange.First, c.AgentUIDRange.Count
+		}
 		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
+		r.HostDir = c.HostUIDDir
 		agentUIDs = &r
 		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
 	case c.AgentUser != "":
@@ -288,15 +319,23 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		IdleTimeout:       c.IdleTimeout,
 		ExtraEnv:          c.CLIExtraEnv,
 		Logger:            log.With("component", "harness"),
+
+		MaxConversations:        c.MaxConversations,
+		MaxConversationsPerUser: c.MaxConversationsPerUser,
 	}, store, local)
 	if err != nil {
 		localLn.Close()
 		return err
 	}
+	if n, err := h.ReclaimOrphanUIDs(); err != nil {
+		log.Error("release agent uids of deleted conversations", "err", err)
+	} else if n > 0 {
+		log.Info("released agent uids of deleted conversations", "count", n)
+	}
 	h.RegisterMetrics(reg)
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
 	api.identity = identity.Holder
-	api.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
 
 	// Shutdown order: readiness turns false; the harness winds down (running
 	// turns finish or are interrupted, leases released) while the API and

@@ -55,6 +55,7 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 	s.route("POST "+contract.PathInterrupt, s.interrupt)
 	s.route("POST "+contract.PathStop, s.stop)
 	s.route("GET "+contract.PathStatus, s.status)
+	s.route("DELETE "+contract.PathStatus, s.deleteSession)
 	s.route("GET "+contract.PathEvents, s.events)
 	s.route("POST "+contract.PathPermission, s.answerPermission)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -180,6 +181,8 @@ func mapErr(err error) error {
 		return httpapi.Errorf(http.StatusConflict, contract.ErrTypeConflict, "%v", err)
 	case errors.Is(err, harness.ErrPermissionResolved):
 		return httpapi.Errorf(http.StatusConflict, contract.ErrTypeConflict, "permission request already resolved")
+	case errors.Is(err, harness.ErrQuota):
+		return httpapi.Errorf(http.StatusTooManyRequests, contract.ErrTypeRateLimited, "%v", err)
 	case errors.Is(err, harness.ErrUnavailable):
 		return &httpapi.Error{Status: http.StatusServiceUnavailable, Type: contract.ErrTypeUnavailable,
 			Msg: "conversation temporarily unavailable; retry shortly", Err: err, Header: http.Header{"Retry-After": {"1"}}}

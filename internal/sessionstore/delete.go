@@ -1,0 +1,31 @@
+package sessionstore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Delete removes a conversation's state and event log. The state file goes
+// first (durably), so from then on the conversation does not exist for
+// LoadMeta and List even if the rest of its directory outlives a crash; the
+// rest is then removed. Close the conversation's event log before. A
+// conversation that does not exist is no error.
+func (s *Store) Delete(conv string) error {
+	dir := s.Dir(conv)
+	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
+		return fmt.Errorf("delete conversation %q: not a conversation id", conv)
+	}
+	if err := os.Remove(filepath.Join(dir, "state.json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
+	if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
+	return nil
+}

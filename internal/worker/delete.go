@@ -1,0 +1,19 @@
+package worker
+
+import (
+	"net/http"
+
+	"github.com/talkide/talkide/internal/httpapi"
+)
+
+// deleteSession ends a conversation and removes it from the worker (see
+// harness.Harness.Delete for what is removed). A conversation the worker
+// does not have is 404.
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	res, err := s.h.Delete(r.PathValue("id"))
+	if err != nil {
+		return mapErr(err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, res)
+	return nil
+}
