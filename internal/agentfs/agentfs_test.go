@@ -273,3 +273,23 @@ func TestChownTreeStaysInTheTree(t *testing.T) {
 		t.Errorf("got %v, want ErrSymlink", err)
 	}
 }
+
+// TestChownDirRefusesASymlink: the directory itself, never a link's target.
+func TestChownDirRefusesASymlink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to change owners")
+	}
+	base := t.TempDir()
+	must(t, os.Mkdir(filepath.Join(base, "etc"), 0o700))
+	must(t, os.Symlink(filepath.Join(base, "etc"), filepath.Join(base, "tmp")))
+	if err := ChownDir(filepath.Join(base, "tmp"), agentUID, agentUID); !errors.Is(err, ErrSymlink) {
+		t.Errorf("got %v, want ErrSymlink", err)
+	}
+	fi, err := os.Stat(filepath.Join(base, "etc"))
+	must(t, err)
+	if fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Error("the link's target changed owner")
+	}
+	must(t, os.Mkdir(filepath.Join(base, "real"), 0o700))
+	must(t, ChownDir(filepath.Join(base, "real"), agentUID, agentUID))
+}

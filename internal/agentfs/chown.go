@@ -48,6 +48,21 @@ func ChownTree(path string, uid, gid uint32) error {
 	return nil
 }
 
+// ChownDir gives the directory path itself (not what it holds) to
+// uid:gid, through a descriptor opened O_NOFOLLOW|O_DIRECTORY: a symlink
+// put in its place is refused, never followed to its target.
+func ChownDir(path string, uid, gid uint32) error {
+	d, err := OpenRoot(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Fchown(d.Fd(), int(uid), int(gid)); err != nil {
+		return pathErr("chown", path, mapErrno(err, true))
+	}
+	return nil
+}
+
 // chownDir changes the entries of the directory dirfd.
 func chownDir(dirfd int, uid, gid uint32, depth int) error {
 	if depth >= maxDepth {

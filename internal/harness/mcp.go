@@ -34,7 +34,9 @@ import (
 // offers none.
 type MCPProvider interface {
 	// MCPServers is called before each CLI process of a conversation
-	// starts, with the session's lock held: it must not block for long.
+	// starts, with the session's lock and a process slot held: it must not
+	// block for long, and must not read the agent's files (the harness
+	// passes the project's .mcp.json in MCPConversation).
 	// An error fails the start of the process (and so the turn).
 	MCPServers(c MCPConversation) (MCPSetup, error)
 }
@@ -44,7 +46,17 @@ type MCPConversation struct {
 	ConversationID string
 	UserID         string
 	// WorkDir is the agent's working directory (where a .mcp.json lives).
+	// Do not read files there: the agent owns it (see ProjectConfig).
 	WorkDir string
+	// ProjectConfig is the project's .mcp.json, nil when there is none. The
+	// harness read it without following symlinks, as a regular file of the
+	// agent's of at most mcppolicy.MaxFileBytes (package agentfs).
+	ProjectConfig []byte
+	// ProjectConfigRefused is set when a .mcp.json stands there but was
+	// not read (a symlink in its path, not a regular file, another user's,
+	// too large). Report it with a fixed message: its category is logged by
+	// the harness, and nothing of the file may be shown.
+	ProjectConfigRefused bool
 }
 
 // MCPSetup is the MCP configuration of one CLI process.
@@ -92,7 +104,9 @@ func (s *session) mcpLocked() (*mcpProcess, error) {
 	if s.h.cfg.MCP == nil {
 		return m, nil
 	}
-	setup, err := s.h.cfg.MCP.MCPServers(MCPConversation{ConversationID: s.conv, UserID: s.meta.UserID, WorkDir: s.meta.WorkDir})
+	f := s.filesLocked()
+	setup, err := s.h.cfg.MCP.MCPServers(MCPConversation{ConversationID: s.conv, UserID: s.meta.UserID, WorkDir: s.meta.WorkDir,
+		ProjectConfig: f.mcpDoc, ProjectConfigRefused: f.mcpErr != nil})
 	if err != nil {
 		return nil, fmt.Errorf("set up MCP servers: %w", err)
 	}

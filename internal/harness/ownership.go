@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/agentfs"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/lease"
 )
@@ -125,11 +126,19 @@ func (s *session) recoverLocked() {
 		if n := killByMarker(tmp); n > 0 {
 			s.h.log.Warn("killed leftover processes of a crashed session", "conversation", s.conv, "pid", pi.PID, "count", n)
 		}
-		// The CLI's live-process registry entry of the dead process.
-		_ = os.Remove(filepath.Join(s.configDir(), "sessions", strconv.Itoa(pi.PID)+".json"))
+		// The CLI's live-process registry entry of the dead process, in the
+		// agent's config dir: removed without following a symlink the
+		// agent may have put in place of sessions/.
+		if d, err := agentfs.OpenRoot(s.h.cfg.ConfigDir); err == nil {
+			_ = d.Remove(s.conv + "/sessions/" + strconv.Itoa(pi.PID) + ".json")
+			d.Close()
+		}
 		s.meta.Process = nil
 		changed = true
 	}
+	// The tmp dir's parent is the worker's; os.RemoveAll removes beneath it
+	// by descriptors (unlinkat, openat O_NOFOLLOW), following no symlink
+	// the agent left inside.
 	_ = os.RemoveAll(s.tmpDir())
 	if t := s.meta.Turn; t != nil && s.continueAfterCrashLocked(t) {
 		s.h.log.Warn("turn cut by a worker crash while waiting for permission; continuing it", "conversation", s.conv, "message", t.ClientMessageID)

@@ -1,11 +1,9 @@
 package harness
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -46,6 +44,10 @@ type session struct {
 	// resolved remembers the ids of recently resolved permission requests
 	// (to answer a late answer with 409); guarded by mu.
 	resolved []string
+	// files is what the next CLI start needs from the agent's files, read
+	// before the session takes a process slot (agentfiles.go); nil once a
+	// start used it; guarded by mu.
+	files *agentFiles
 }
 
 // configDir is the conversation's CLAUDE_CONFIG_DIR (its transcripts) and
@@ -156,6 +158,9 @@ func (s *session) pumpLocked() {
 			return // exited() pumps again once the process is gone
 		}
 		if s.proc == nil {
+			// The agent's files are read before taking a slot: never while
+			// holding what other conversations wait for.
+			s.prepareStartLocked()
 			if !s.slot {
 				if !s.h.slots.acquire(s) {
 					if !s.queued {
@@ -170,6 +175,7 @@ func (s *session) pumpLocked() {
 				s.slot, s.queued = true, false
 			}
 			p, err := s.startLocked()
+			s.files = nil
 			if err != nil {
 				next := s.meta.Pending[0]
 				s.meta.Pending = s.meta.Pending[1:]
@@ -208,63 +214,27 @@ func (s *session) pumpLocked() {
 // resumeMode decides how to start the CLI for the session: resume when its
 // transcript holds a turn; else start it under its id, or under a fresh id
 // when a transcript without a turn already uses that id (the CLI refuses
-// --session-id for an id in use).
+// --session-id for an id in use), or when the file standing there was
+// refused (a link, a FIFO, not the agent's: see agentfiles.go).
 func (s *session) resumeModeLocked() (resume bool) {
-	path, hasTurn, cost := transcriptState(s.configDir(), s.meta.SessionID)
+	f := s.filesLocked()
 	// The CLI's cumulative cost starts from the transcript's last cost-state
 	// record (written when a process ends cleanly; a crash leaves an older
 	// one), so per-turn costs are measured from there.
-	s.meta.CLITotalCostUSD = cost
+	s.meta.CLITotalCostUSD = f.cost
 	switch {
-	case hasTurn:
+	case f.hasTurn:
 		return true
-	case path != "":
+	case f.found:
+		if f.transcriptErr != nil {
+			s.transcriptRefusedLocked()
+		}
 		old := s.meta.SessionID
 		s.meta.SessionID = uuid.NewString()
 		s.h.log.Warn("transcript without a turn; starting a fresh session id", "conversation", s.conv, "old_session", old, "session", s.meta.SessionID)
 		_ = s.saveLocked()
 	}
 	return false
-}
-
-// transcriptState finds the transcript of a session id under
-// <configDir>/projects/*/<id>.jsonl, reads it once, and reports whether it
-// holds a turn (an assistant record) and the totalCostUSD of its last
-// cost-state record (0 when it has none, or no turn).
-func transcriptState(configDir, sessionID string) (path string, hasTurn bool, cost float64) {
-	matches, _ := filepath.Glob(filepath.Join(configDir, "projects", "*", sessionID+".jsonl"))
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		path = m
-		if bytes.Contains(b, []byte(`"type":"assistant"`)) {
-			return m, true, lastCostState(b)
-		}
-	}
-	return path, false, 0
-}
-
-// lastCostState returns totalCostUSD of the last cost-state record of a
-// transcript, 0 when it has none.
-func lastCostState(b []byte) float64 {
-	i := bytes.LastIndex(b, []byte(`"type":"cost-state"`))
-	if i < 0 {
-		return 0
-	}
-	start := bytes.LastIndexByte(b[:i], '\n') + 1
-	end := bytes.IndexByte(b[i:], '\n')
-	if end < 0 {
-		end = len(b) - i
-	}
-	var rec struct {
-		TotalCostUSD float64 `json:"totalCostUSD"`
-	}
-	if json.Unmarshal(b[start:i+end], &rec) != nil {
-		return 0
-	}
-	return rec.TotalCostUSD
 }
 
 // handle processes one stdout line of p.

@@ -71,7 +71,8 @@ var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 
 // Filter reads a .mcp.json document and returns the --mcp-config document of
 // the servers the policy allows (nil when none) and a refusal for each other
-// server. A document that cannot be read yields one refusal naming no server.
+// server. A document that cannot be parsed yields one refusal naming no
+// server. Refusals never quote the parser's error (see below).
 func (p Policy) Filter(doc []byte) (config json.RawMessage, refused []contract.MCPServerRefused) {
 	refuse := func(name, transport, format string, args ...any) {
 		refused = append(refused, contract.MCPServerRefused{Server: name, Transport: transport, Reason: fmt.Sprintf(format, args...)})
@@ -83,8 +84,12 @@ func (p Policy) Filter(doc []byte) (config json.RawMessage, refused []contract.M
 	var file struct {
 		MCPServers map[string]json.RawMessage `json:"mcpServers"`
 	}
+	// Parser errors are not shown: they quote the document ("invalid
+	// character 'l'"), and what reaches the event must never echo a file
+	// (if the harness were ever tricked into reading one that is not the
+	// agent's, this is what would leak it).
 	if err := json.Unmarshal(doc, &file); err != nil {
-		refuse("", "", ".mcp.json is not valid: %v", err)
+		refuse("", "", ".mcp.json is not valid JSON with an mcpServers object")
 		return nil, refused
 	}
 	allowed := map[string]server{}
@@ -107,7 +112,7 @@ func (p Policy) Filter(doc []byte) (config json.RawMessage, refused []contract.M
 		dec := json.NewDecoder(bytes.NewReader(file.MCPServers[name]))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&s); err != nil {
-			refuse(name, "", "entry is not a server this policy understands: %v", err)
+			refuse(name, "", "entry is not a server this policy understands (type, command, args, env, url, headers)")
 			continue
 		}
 		transport := s.Type

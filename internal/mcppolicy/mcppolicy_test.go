@@ -44,7 +44,7 @@ func TestFilter(t *testing.T) {
 	for name, want := range map[string]string{
 		"shell": "command bash is not allowed by TALKIDE_MCP_ALLOW_COMMANDS", "sneaky": "not allowed",
 		"deep": "TALKIDE_MCP_ALLOW_URLS", "other": "TALKIDE_MCP_ALLOW_URLS", "talkide-issue-tracking": "reserved",
-		"weird": "not supported", "extra": "unknown field", "bad name!": "server name",
+		"weird": "not supported", "extra": "not a server this policy understands", "bad name!": "server name",
 	} {
 		if !strings.Contains(reasons[name], want) {
 			t.Errorf("%s: reason %q, want it to mention %q", name, reasons[name], want)
@@ -97,4 +97,23 @@ func FuzzFilter(f *testing.F) {
 			t.Fatalf("allowed config %s is not stable: %s, %+v", cfg, again, refusedAgain)
 		}
 	})
+}
+
+// TestRefusalsDoNotQuoteTheDocument: a document that is not JSON (say, a
+// key file the worker was tricked into reading, case C3 of issue 9) must
+// not reach the mcp_server_refused event through the parser's error.
+func TestRefusalsDoNotQuoteTheDocument(t *testing.T) {
+	for _, doc := range []string{
+		"leaked-first-bytes",
+		`{"mcpServers":{"a":{"command":"x","leaked_field":1}}}`,
+		`{"mcpServers":{"a":{"command":["leaked-array"]}}}`,
+	} {
+		_, refused := Policy{AllowCommands: []string{"*"}}.Filter([]byte(doc))
+		if len(refused) != 1 {
+			t.Fatalf("%s: got %d refusals, want 1", doc, len(refused))
+		}
+		if r := refused[0].Reason; strings.Contains(r, "leaked") || strings.Contains(r, "invalid character") {
+			t.Errorf("%s: refusal quotes the document: %s", doc, r)
+		}
+	}
 }

@@ -30,6 +30,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/talkide/talkide/internal/agentfs"
 )
 
 // Harden makes the calling process non-dumpable (prctl PR_SET_DUMPABLE 0):
@@ -93,7 +95,9 @@ func (u User) PrepareDir(top, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
+	// Through a descriptor of dir itself (O_NOFOLLOW): a symlink put in
+	// its place is refused, never followed to its target.
+	if err := agentfs.ChownDir(dir, u.UID, u.GID); err != nil {
 		return fmt.Errorf("give %s to the agent user: %w", dir, err)
 	}
 	top, _ = filepath.Abs(top)
@@ -127,21 +131,9 @@ func (u User) traversable(dir string, mayChange bool) error {
 
 // ChownTree gives dir and everything under it to u, unless dir already
 // belongs to u (then it is left alone: the agent created its contents).
-// Symbolic links are changed themselves, never followed.
+// It walks by descriptors and follows no symlink; see agentfs.ChownTree.
 func ChownTree(dir string, u User) error {
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if s := st.Sys().(*syscall.Stat_t); s.Uid == u.UID && s.Gid == u.GID {
-		return nil
-	}
-	return filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, int(u.UID), int(u.GID))
-	})
+	return agentfs.ChownTree(dir, u.UID, u.GID)
 }
 
 // MakeTraversable creates dir (0711, owned by the caller) so agents can pass

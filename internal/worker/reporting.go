@@ -2,12 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 
@@ -119,13 +115,13 @@ var _ harness.MCPProvider = (*mcpProvider)(nil)
 // MCPServers implements harness.MCPProvider.
 func (p *mcpProvider) MCPServers(c harness.MCPConversation) (harness.MCPSetup, error) {
 	var setup harness.MCPSetup
-	b, err := readLimited(filepath.Join(c.WorkDir, ".mcp.json"), mcppolicy.MaxFileBytes+1)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		setup.Refused = append(setup.Refused, contract.MCPServerRefused{Reason: "the project's .mcp.json could not be read: " + err.Error()})
-	default:
-		setup.Config, setup.Refused = p.policy.Filter(b)
+	case c.ProjectConfigRefused:
+		// Fixed words: the file may be a link to, or a hard link of, a file
+		// the agent cannot read, and nothing of it may reach the agent.
+		setup.Refused = append(setup.Refused, contract.MCPServerRefused{Reason: "the project's .mcp.json was not read: it must be a regular file of the agent's (not a symbolic link, FIFO or device, nor under one), at most 1 MiB"})
+	case c.ProjectConfig != nil:
+		setup.Config, setup.Refused = p.policy.Filter(c.ProjectConfig)
 	}
 	if p.issues != nil {
 		h, err := p.issues.Open(c.ConversationID)
@@ -136,22 +132,4 @@ func (p *mcpProvider) MCPServers(c harness.MCPConversation) (harness.MCPSetup, e
 		setup.Close = h.Close
 	}
 	return setup, nil
-}
-
-// readLimited reads at most n bytes of a regular file (a symlink to a
-// device or a FIFO in the working tree must not block the worker).
-func readLimited(path string, n int64) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, n))
 }
