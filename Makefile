@@ -15,8 +15,19 @@ export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
 .PHONY: run test tools build vet fmt-check clean chaos
 
-## tools: install the pinned Claude Code CLI into .tools/ (git-ignored)
-tools: $(CLAUDE_STAMP)
+## tools: install the pinned Claude Code CLI into .tools/ (git-ignored), and
+## bubblewrap, which jails each agent (Debian's package; as root via apt-get)
+tools: $(CLAUDE_STAMP) bwrap
+
+.PHONY: bwrap
+bwrap:
+	@command -v bwrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing bubblewrap (agent containment)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+		else \
+			echo "bubblewrap (bwrap) is needed to contain agents: install it (Debian: sudo apt-get install bubblewrap)" >&2; exit 1; \
+		fi; }
 
 $(CLAUDE_STAMP): internal/claudecli/version.txt
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }

@@ -85,6 +85,9 @@ func configFromEnv() (worker.Config, error) {
 			*dst = u
 		}
 	}
+	if err := worker.ParseContainment(os.Getenv, &cfg); err != nil {
+		return cfg, err
+	}
 	policy, err := worker.ParseMCPPolicy(os.Getenv)
 	if err != nil {
 		return cfg, err

@@ -207,6 +207,9 @@ const (
 	// EventMCPServerRefused: an MCP server of the project's .mcp.json was
 	// not offered to the agent because the operator's policy refuses it.
 	EventMCPServerRefused EventType = "mcp_server_refused"
+	// EventLimitReached: the conversation's agent hit one of its limits
+	// (memory, processes, disk); the worker and other conversations go on.
+	EventLimitReached EventType = "limit_reached"
 )
 
 // Event is one entry of a conversation's event stream. On the wire it is one
@@ -400,6 +403,30 @@ type SessionStopped struct {
 	// interrupted turn did not end in time).
 	Reason   string `json:"reason"`
 	ExitCode int    `json:"exit_code"`
+}
+
+// Limits an agent can reach (LimitReached.Limit).
+const (
+	LimitMemory    = "memory"
+	LimitProcesses = "processes"
+	LimitDisk      = "disk"
+)
+
+// LimitReached: the conversation's agent hit a limit. For memory the kernel
+// ended its largest process (often the command that used the memory, or
+// the agent's CLI itself, which then fails the turn and is started again on
+// the next message); for processes a fork was refused; for disk the
+// running turn was stopped.
+type LimitReached struct {
+	// Limit is "memory", "processes" or "disk".
+	Limit string `json:"limit"`
+	// Max is the limit: bytes for memory and disk, a count for processes.
+	Max int64 `json:"max"`
+	// Used is the use seen when the limit was hit (bytes for disk; the
+	// number of hits for memory and processes since the agent started).
+	Used int64 `json:"used"`
+	// Message says what happened and what the user can do.
+	Message string `json:"message"`
 }
 
 // MCPServerRefused: an MCP server declared by the project's .mcp.json was

@@ -96,6 +96,18 @@ type Config struct {
 	// conversations cannot read each other's files, transcripts or
 	// environments either. It needs the worker to run as root.
 	AgentUIDs *sandbox.UIDRange
+	// Jail, when set, runs each conversation's CLI in a jail of its own
+	// (jail.go, sandbox.Jail): its processes end with it, it sees only its
+	// own processes and directories, it has the jail's limits, and the
+	// managed settings keep the permission policy the operator's. Nil runs
+	// the CLI as a plain child process (the weaker guarantee of
+	// TALKIDE_CONTAINMENT=weak).
+	Jail *sandbox.Jail
+	// DiskLimit caps the bytes a conversation's directories take (0: no
+	// limit); DiskCheckEvery is how often it is measured while its CLI
+	// runs (default 30 s).
+	DiskLimit      int64
+	DiskCheckEvery time.Duration
 	// MaxConversations caps the conversations stored on the session volume
 	// (the tenant-env's); MaxConversationsPerUser caps one user's among
 	// them. Creating one more fails with ErrQuota. Defaults 1000 and 100;
@@ -145,6 +157,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PermissionTimeout <= 0 {
 		c.PermissionTimeout = 5 * time.Minute
+	}
+	if c.DiskCheckEvery <= 0 {
+		c.DiskCheckEvery = 30 * time.Second
 	}
 	if c.RecoverInterval <= 0 {
 		c.RecoverInterval = 5 * time.Second

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/lease"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -43,6 +45,29 @@ type rigOptions struct {
 	upstream     *devupstream.Server
 	policy       string
 	permTimeout  time.Duration
+	// noJail runs CLIs unjailed (TALKIDE_CONTAINMENT=weak); limits are the
+	// jail's (zero: defaults); diskLimit caps each conversation's disk use.
+	noJail    bool
+	limits    sandbox.Limits
+	diskLimit int64
+}
+
+// testJail is a jail as the worker builds one, with its own control group.
+// The tests run as root here and in CI, where bwrap and cgroups must work:
+// a missing piece fails the test.
+func testJail(t *testing.T, l sandbox.Limits) *sandbox.Jail {
+	t.Helper()
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		t.Fatalf("bwrap: %v (make tools installs bubblewrap)", err)
+	}
+	prlimit, _ := exec.LookPath("prlimit")
+	cg, err := sandbox.OpenCgroups("rig-" + token.NewID()[:10])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cg.Close)
+	return &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults()}
 }
 
 func startRig(t *testing.T, o rigOptions) *rig {
@@ -67,6 +92,10 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	if os.Getenv("TALKIDE_TEST_LOGS") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("replica", o.holder)
 	}
+	var jail *sandbox.Jail
+	if !o.noJail {
+		jail = testJail(t, o.limits)
+	}
 	local := gatewayproxy.NewServer(&gatewayproxy.NoOpGatewayProxy{Upstream: upURL}, log)
 	ln, err := local.Listen()
 	if err != nil {
@@ -86,7 +115,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		HomeDir: filepath.Join(o.volume, "home"), TmpRoot: filepath.Join(t.TempDir(), "tmp"),
 		MaxProcesses: o.maxProcesses, IdleTimeout: o.idleTimeout, Leases: leases, Identity: id,
 		ShutdownGrace: 2 * time.Second, RecoverInterval: 200 * time.Millisecond, Logger: log,
-		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout,
+		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout, Jail: jail, DiskLimit: o.diskLimit, DiskCheckEvery: 500 * time.Millisecond,
 	}, store, local)
 	if err != nil {
 		t.Fatal(err)

@@ -84,7 +84,9 @@ type MCPHandler interface {
 
 // mcpProcess is the MCP state of one process.
 type mcpProcess struct {
-	args   []string
+	args []string
+	// config is the --mcp-config document of external servers, or nil.
+	config json.RawMessage
 	hosted map[string]MCPHandler
 	close  func()
 	// initID is the request id of the initialize control request.
@@ -114,9 +116,10 @@ func (s *session) mcpLocked() (*mcpProcess, error) {
 		s.h.log.Warn("mcp server refused by policy", "conversation", s.conv, "server", r.Server, "reason", r.Reason)
 		s.emitLocked(contract.EventMCPServerRefused, r)
 	}
-	if len(setup.Config) > 0 {
-		m.args = append(m.args, "--mcp-config", string(setup.Config))
-	}
+	// The configuration (servers' headers and environment may hold
+	// secrets) goes in a file, never in the command line that every
+	// process of the host could read (case C5): see commandLocked.
+	m.config = setup.Config
 	m.hosted = setup.Hosted
 	m.close = setup.Close
 	return m, nil

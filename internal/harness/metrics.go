@@ -13,6 +13,7 @@ type metrics struct {
 	turns  *prometheus.CounterVec
 	queued prometheus.Counter
 	events *prometheus.CounterVec
+	limits *prometheus.CounterVec
 }
 
 // RegisterMetrics registers the harness's metrics with reg: live CLI
@@ -26,8 +27,10 @@ func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 			Help: "Turns that had to wait for a free agent process."}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_events_total",
 			Help: "Events stored in conversations' event logs, by type."}, []string{"type"}),
+		limits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_agent_limit_hits_total",
+			Help: "Times an agent hit one of its limits (memory, processes, disk), by limit."}, []string{"limit"}),
 	}
-	reg.MustRegister(m.turns, m.queued, m.events,
+	reg.MustRegister(m.turns, m.queued, m.events, m.limits,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes",
 			Help: "Live Claude Code CLI processes."}, func() float64 { return float64(h.LiveProcesses()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes_max",
@@ -52,5 +55,9 @@ func (m *metrics) observe(ev contract.Event) {
 		m.turns.WithLabelValues(f.Reason).Inc()
 	case contract.EventTurnQueued:
 		m.queued.Inc()
+	case contract.EventLimitReached:
+		var l contract.LimitReached
+		_ = json.Unmarshal(ev.Data, &l)
+		m.limits.WithLabelValues(l.Limit).Inc()
 	}
 }

@@ -21,7 +21,9 @@ import (
 
 // process is one running Claude Code CLI.
 type process struct {
-	cmd     *exec.Cmd
+	cmd *exec.Cmd
+	// cell is the process's jail (Config.Jail), nil when not jailed.
+	cell    *sandbox.Cell
 	pgid    int
 	resumed bool
 	// in feeds the stdin writer goroutine; never closed by senders.
@@ -36,6 +38,8 @@ type process struct {
 	// lastActive is when the process last finished a turn (or started).
 	lastActive time.Time
 	mcp        *mcpProcess // MCP servers of the process (mcp.go); set before it runs
+	// limitHits are the jail's counters last seen (jail.go); guarded by mu.
+	limitHits sandbox.Counters
 
 	mu sync.Mutex
 	// reason is why the harness stops the process, "" if it does not; guarded by mu.
@@ -143,6 +147,10 @@ func (p *process) stopInterruptTimer() {
 // kill ends the whole process group at once (SIGKILL); the reader sees EOF
 // and reaps the process.
 func (p *process) kill() {
+	if p.cell != nil {
+		p.cell.Kill()
+		return
+	}
 	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
 }
 
@@ -214,16 +222,13 @@ func (s *session) startLocked() (*process, error) {
 		return nil, err
 	}
 	args = append(args, mcp.args...)
-	cmd := exec.Command(cfg.ClaudeBin, args...)
-	cmd.Dir = s.meta.WorkDir
-	cmd.Env = buildSDKEnv(cfg, os.Environ(), agentDirs{config: s.configDir(), home: s.homeDir(), tmp: tmp}, base, secret)
-	// Own process group, so the CLI and every tool it spawns are signalled
-	// together; Pdeathsig kills the CLI if the worker dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if u := s.agentUser(); u != nil {
-		cmd.SysProcAttr.Credential = u.Credential()
+	env := buildSDKEnv(cfg, os.Environ(), agentDirs{config: s.configDir(), home: s.homeDir(), tmp: tmp}, base, secret)
+	cmd, cell, err := s.commandLocked(args, env, tmp, mcp.config)
+	if err != nil {
+		mcp.release()
+		return nil, err
 	}
-	p := &process{cmd: cmd, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}
+	p := &process{cmd: cmd, cell: cell, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}
 	cmd.Stderr = p
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -234,7 +239,11 @@ func (s *session) startLocked() (*process, error) {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
 	}
 	s.h.proxy.Register(s.conv, secret)
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if cell != nil {
+		start = cell.Start
+	}
+	if err := start(); err != nil {
 		s.h.proxy.Unregister(s.conv)
 		mcp.release()
 		return nil, fmt.Errorf("start %s: %w", cfg.ClaudeBin, err)
@@ -244,7 +253,8 @@ func (s *session) startLocked() (*process, error) {
 		Incarnation: s.h.cfg.Identity.Incarnation, StartedAt: time.Now().UTC(), TmpDir: tmp}
 	_ = s.saveLocked() // best effort: it only helps a successor clean up after a crash
 	mcp.attach(s, p)
-	s.h.log.Info("claude code started", "conversation", s.conv, "session", s.meta.SessionID, "pid", p.pgid, "resume", resume)
+	s.h.log.Info("claude code started", "conversation", s.conv, "session", s.meta.SessionID, "pid", p.pgid, "resume", resume, "jailed", cell != nil)
+	s.watchLimits(p)
 
 	s.h.procs.Add(2)
 	go func() { // stdin writer
@@ -286,9 +296,13 @@ func (s *session) startLocked() (*process, error) {
 		err := cmd.Wait()
 		p.exitCode = cmd.ProcessState.ExitCode()
 		// Tools the CLI started may still run, in its group or in groups of
-		// their own: end them all.
+		// their own: end them all. In a jail the kernel did it already (the
+		// PID namespace ended with the CLI); its control group goes too.
 		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
-		if n := killByMarker(tmp); n > 0 {
+		if p.cell != nil {
+			s.checkLimits(p)
+			p.cell.Close()
+		} else if n := killByMarker(tmp); n > 0 {
 			s.h.log.Info("killed processes the agent left behind", "conversation", s.conv, "count", n)
 		}
 		if err != nil && p.stopReason() == "" {

@@ -344,6 +344,8 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 			// The CLI's result holds diagnostics ("[ede_diagnostic] ..."),
 			// not words for the user.
 			f.Message = "the turn was interrupted"
+			// What the turn detached (setsid, nohup) stops with it.
+			s.killOrphansAfterInterrupt(p)
 		case r.Subtype == "error_max_turns" || r.TerminalReason == "max_turns":
 			f.Reason = contract.FailMaxTurns
 		default:

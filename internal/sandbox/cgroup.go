@@ -43,8 +43,11 @@ var ErrNoCgroups = errors.New("no writable cgroup hierarchy with the memory and 
 
 // OpenCgroups finds the worker's own control groups (from /proc/self/cgroup
 // and /proc/self/mountinfo) and prepares <own>/talkide/<name> for the
-// agents' groups. A group of that name left by an earlier incarnation (a
-// crashed worker) is emptied (its processes killed) and removed first.
+// agents' groups; name must be unique among the workers sharing the host's
+// groups (the worker's id and incarnation). A group of that name is emptied
+// (its processes killed) and removed first. Groups of other names are left
+// alone: they may belong to live workers. (The empty group of a worker that
+// crashed stays until the host's or pod's cgroup goes; it holds nothing.)
 // Errors: ErrNoCgroups (wrapped, with the reason) when there is no usable
 // hierarchy.
 func OpenCgroups(name string) (*Cgroups, error) {
@@ -141,6 +144,17 @@ func enableControllers(dir, words string) error {
 		}
 	}
 	return nil
+}
+
+// Close kills whatever is left in the worker's agent groups and removes
+// them. Call it when no jail of the worker runs any more.
+func (c *Cgroups) Close() {
+	if c.v2 != "" {
+		_ = resetGroup(c.v2)
+	}
+	for _, d := range c.v1 {
+		_ = resetGroup(d)
+	}
 }
 
 // Version is 2 on the unified hierarchy, 1 on legacy hierarchies.

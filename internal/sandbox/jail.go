@@ -433,3 +433,65 @@ func (j *Jail) Check(u *User, scratch string) error {
 	}
 	return nil
 }
+
+// KillOrphans ends the jail's processes that lost their parent (detached
+// with setsid, nohup or a double fork, and adopted by the jail's init),
+// with everything they started, and leaves the program (the CLI) and its
+// children (running tools, MCP servers) alone. It returns how many
+// processes it signalled. An interrupted turn calls it: what the turn
+// detached stops with it.
+func (c *Cell) KillOrphans() int {
+	if c.Cmd.Process == nil {
+		return 0
+	}
+	all := descendants(c.Cmd.Process.Pid)
+	var init int
+	inner := map[int]int{}
+	parent := map[int]int{}
+	for _, pid := range all {
+		ns, pp := nsPid(pid)
+		inner[pid], parent[pid] = ns, pp
+		if ns == 1 {
+			init = pid
+		}
+	}
+	if init == 0 {
+		return 0
+	}
+	n := 0
+	for _, pid := range all {
+		// ns pid 2 is the program: bwrap's init forks it first.
+		if parent[pid] != init || inner[pid] == 2 {
+			continue
+		}
+		for _, p := range append([]int{pid}, descendants(pid)...) {
+			if syscall.Kill(p, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// nsPid returns pid's id in its innermost PID namespace and its parent's
+// id (in ours), from /proc/<pid>/status.
+func nsPid(pid int) (inner, ppid int) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		switch {
+		case k == "NSpid" && len(f) > 0:
+			inner, _ = strconv.Atoi(f[len(f)-1])
+		case k == "PPid" && len(f) == 1:
+			ppid, _ = strconv.Atoi(f[0])
+		}
+	}
+	return inner, ppid
+}

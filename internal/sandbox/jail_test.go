@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,7 @@ func testJail(t *testing.T, l Limits) (*Jail, *User, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cg.Close)
 	u := &User{UID: 299990, GID: 299990}
 	dir := filepath.Join(t.TempDir(), "conv")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -53,13 +55,14 @@ func runJailed(t *testing.T, j *Jail, u *User, dir, script string, files ...File
 	return out.String(), c
 }
 
-// hostProcesses returns the host's processes whose command line holds s.
+// hostProcesses returns the host's processes whose command line starts
+// with s.
 func hostProcesses(s string) []string {
 	var out []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+		if err == nil && strings.HasPrefix(strings.ReplaceAll(string(b), "\x00", " "), s) {
 			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
 		}
 	}
@@ -151,4 +154,50 @@ func TestJailLimits(t *testing.T) {
 	if left := hostProcesses("sleep 3005"); len(left) > 0 {
 		t.Errorf("the loop's processes outlived the jail: %d left", len(left))
 	}
+}
+
+// TestJailKillOrphans: what a command detached is ended; the program and
+// its own children go on.
+func TestJailKillOrphans(t *testing.T) {
+	j, u, dir := testJail(t, Limits{})
+	c, err := j.Command(Spec{Name: "c1", User: u, Path: "/bin/bash",
+		Args: []string{"-c", `sleep 3011 & (setsid sleep 3012 &); (nohup sh -c 'sleep 3013' >/dev/null 2>&1 &); echo ready; read x; echo alive`},
+		Env:  []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	in, _ := c.Cmd.StdinPipe()
+	out, _ := c.Cmd.StdoutPipe()
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := out.Read(buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("read: %q %v", buf, err)
+	}
+	waitFor := func(cond func() bool) bool {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if cond() {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(func() bool { return len(hostProcesses("sleep 301")) == 3 })
+	if n := c.KillOrphans(); n < 2 {
+		t.Errorf("KillOrphans signalled %d processes, want the 2 detached ones (and their children)", n)
+	}
+	if !waitFor(func() bool { return len(hostProcesses("sleep 3012")) == 0 && len(hostProcesses("sleep 3013")) == 0 }) {
+		t.Errorf("detached processes survived: %v", hostProcesses("sleep 301"))
+	}
+	if len(hostProcesses("sleep 3011")) != 1 {
+		t.Errorf("the program's own child was killed")
+	}
+	in.Write([]byte("x\n"))
+	rest, _ := io.ReadAll(out)
+	if !strings.Contains(string(rest), "alive") {
+		t.Errorf("the program did not go on: %q", rest)
+	}
+	_ = c.Cmd.Wait()
 }

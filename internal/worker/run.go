@@ -129,6 +129,18 @@ type Config struct {
 	// [TALKIDE_METRICS_TOKEN, at least 16 characters]. Empty: /metrics
 	// answers 403 (the agent shares the worker's host and loopback).
 	MetricsToken string
+	// Containment is ContainmentStrict (the default: every agent runs in a
+	// jail of its own, see sandbox.Jail, and the worker refuses to start
+	// where it cannot build one) or ContainmentWeak [TALKIDE_CONTAINMENT].
+	Containment string
+	// AgentLimits are each conversation's limits [TALKIDE_AGENT_MEMORY,
+	// TALKIDE_AGENT_PROCESSES, TALKIDE_AGENT_CPU_WEIGHT, TALKIDE_AGENT_DISK];
+	// zero fields take sandbox.DefaultLimits (2 GiB, 512, 100, 10 GiB), -1
+	// means none. The disk limit holds in weak containment too.
+	AgentLimits sandbox.Limits
+	// AgentReadPaths are host paths agents see read-only besides
+	// sandbox.DefaultReadOnly [TALKIDE_AGENT_READ_PATHS].
+	AgentReadPaths []string
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
@@ -194,6 +206,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxConversations < 0 || c.MaxConversationsPerUser < 0 {
 		errs = append(errs, errors.New("TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV and TALKIDE_MAX_CONVERSATIONS_PER_USER: want positive integers"))
+	}
+	if err := c.validateContainment(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -298,6 +313,18 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		agent = &u
 		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
 	}
+	probe := agent
+	if agentUIDs != nil {
+		probe = &sandbox.Nobody
+	}
+	jail, err := newJail(c, cgroupName(identity), probe, log)
+	if err != nil {
+		localLn.Close()
+		return err
+	}
+	if jail != nil {
+		defer jail.Cgroups.Close()
+	}
 	h, err := harness.New(harness.Config{
 		AgentUser:         agent,
 		AgentUIDs:         agentUIDs,
@@ -318,6 +345,8 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		PermissionMode:    c.PermissionMode,
 		IdleTimeout:       c.IdleTimeout,
 		ExtraEnv:          c.CLIExtraEnv,
+		Jail:              jail,
+		DiskLimit:         c.AgentLimits.DiskBytes,
 		Logger:            log.With("component", "harness"),
 
 		MaxConversations:        c.MaxConversations,

@@ -1,0 +1,204 @@
+package harness
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sandbox"
+)
+
+// This file starts a conversation's CLI in its jail (Config.Jail) and
+// watches the jail's limits.
+
+// Paths, inside an agent's jail, of the files the worker gives it.
+const (
+	// managedSettingsPath is where Claude Code on Linux reads its managed
+	// (operator) settings: the highest-precedence source, which user,
+	// project, local and command-line settings cannot override.
+	managedSettingsPath = "/etc/claude-code/managed-settings.json"
+	// jailMCPConfigPath holds the --mcp-config document.
+	jailMCPConfigPath = "/run/talkide/mcp.json"
+)
+
+// managedSettings keep the permission policy the operator's (case C4):
+// permission rules come only from here (none: every tool call the CLI does
+// not consider safe is asked about, and the harness answers per
+// Config.PermissionPolicy), hooks only from here (none: an agent-written
+// hook would run commands nobody approved), and bypassPermissions mode is
+// refused whatever a settings file or --permission-mode says. Checked with
+// Claude Code 2.1.332 by TestAgentCannotLoosenThePermissionPolicy.
+var managedSettings = []byte(`{"permissions":{"disableBypassPermissionsMode":"disable"},` +
+	`"allowManagedPermissionRulesOnly":true,"allowManagedHooksOnly":true}` + "\n")
+
+// limitPoll is how often a running jail's limit counters are read.
+const limitPoll = time.Second
+
+// commandLocked returns the command that runs the CLI with args and env:
+// in the conversation's jail when the harness has one (then with its Cell),
+// else as a plain child process of the agent user. The MCP configuration
+// (servers' headers and environment may hold secrets) goes to the CLI in a
+// file only this agent can read, never on its command line (case C5).
+func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.RawMessage) (*exec.Cmd, *sandbox.Cell, error) {
+	cfg := s.h.cfg
+	if cfg.Jail == nil {
+		if len(mcpConfig) > 0 {
+			path := filepath.Join(tmp, "mcp-config.json")
+			if err := writeAgentFile(path, mcpConfig, s.agentUser()); err != nil {
+				return nil, nil, fmt.Errorf("write the MCP configuration: %w", err)
+			}
+			args = append(args, "--mcp-config", path)
+		}
+		cmd := exec.Command(cfg.ClaudeBin, args...)
+		cmd.Dir = s.meta.WorkDir
+		cmd.Env = env
+		// Own process group, so the CLI and every tool it spawns are
+		// signalled together; Pdeathsig kills the CLI if the worker dies.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		if u := s.agentUser(); u != nil {
+			cmd.SysProcAttr.Credential = u.Credential()
+		}
+		return cmd, nil, nil
+	}
+	files := []sandbox.File{{Path: managedSettingsPath, Data: managedSettings}}
+	if len(mcpConfig) > 0 {
+		files = append(files, sandbox.File{Path: jailMCPConfigPath, Data: mcpConfig})
+		args = append(args, "--mcp-config", jailMCPConfigPath)
+	}
+	bin, err := filepath.EvalSymlinks(cfg.ClaudeBin)
+	if err != nil {
+		return nil, nil, fmt.Errorf("find the CLI: %w", err)
+	}
+	cell, err := cfg.Jail.Command(sandbox.Spec{
+		Name: s.conv, User: s.agentUser(), Path: bin, Args: args, Env: env, Dir: s.meta.WorkDir,
+		Writable: []string{s.meta.WorkDir, s.configDir(), s.homeDir(), tmp},
+		// The CLI's npm package (its binary and what ships beside it).
+		ReadOnly: []string{filepath.Dir(filepath.Dir(bin))},
+		Files:    files,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("build the agent's jail: %w", err)
+	}
+	return cell.Cmd, cell, nil
+}
+
+// writeAgentFile creates path (which must not exist: the directory is the
+// process's fresh tmp dir) with data, readable by u only.
+func writeAgentFile(path string, data []byte, u *sandbox.User) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
+	if err != nil {
+		return err
+	}
+	if u != nil {
+		if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// watchLimits reads p's limit counters every limitPoll, and the
+// conversation's disk use every Config.DiskCheckEvery, until p ends.
+func (s *session) watchLimits(p *process) {
+	disk := s.h.cfg.DiskLimit > 0
+	if p.cell == nil && !disk {
+		return
+	}
+	s.h.procs.Go(func() {
+		t := time.NewTicker(limitPoll)
+		defer t.Stop()
+		next := time.Now().Add(s.h.cfg.DiskCheckEvery)
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-t.C:
+			}
+			if p.cell != nil {
+				s.checkLimits(p)
+			}
+			if disk && !time.Now().Before(next) {
+				s.checkDisk(p)
+				next = time.Now().Add(s.h.cfg.DiskCheckEvery)
+			}
+		}
+	})
+}
+
+// checkLimits turns new hits of p's memory and process limits into
+// limit_reached events.
+func (s *session) checkLimits(p *process) {
+	c := p.cell.Counters()
+	p.mu.Lock()
+	oom := c.OOMKills - p.limitHits.OOMKills
+	procs := c.ProcessLimitHits - p.limitHits.ProcessLimitHits
+	p.limitHits = c
+	p.mu.Unlock()
+	l := s.h.cfg.Jail.Limits
+	if oom > 0 {
+		s.limitReached(contract.LimitReached{Limit: contract.LimitMemory, Max: l.MemoryBytes, Used: c.OOMKills,
+			Message: fmt.Sprintf("the agent's processes reached their memory limit of %d MiB; the largest was ended", l.MemoryBytes>>20)})
+	}
+	if procs > 0 {
+		s.limitReached(contract.LimitReached{Limit: contract.LimitProcesses, Max: l.Processes, Used: c.ProcessLimitHits,
+			Message: fmt.Sprintf("the agent reached its limit of %d processes; new ones were refused", l.Processes)})
+	}
+}
+
+// checkDisk stops p's turn when the conversation's directories take more
+// than Config.DiskLimit.
+func (s *session) checkDisk(p *process) {
+	used, err := sandbox.DiskUsage(s.meta.WorkDir, s.configDir(), s.homeDir(), s.tmpDir())
+	if err != nil {
+		s.h.log.Warn("measure the conversation's disk use", "conversation", s.conv, "err", err)
+		return
+	}
+	if used <= s.h.cfg.DiskLimit || p.stopping() {
+		return
+	}
+	s.limitReached(contract.LimitReached{Limit: contract.LimitDisk, Max: s.h.cfg.DiskLimit, Used: used,
+		Message: fmt.Sprintf("the conversation's files take %d MiB, over its disk limit of %d MiB; the running turn was stopped (ask the agent to delete files)",
+			used>>20, s.h.cfg.DiskLimit>>20)})
+	p.beginStop("disk limit")
+	p.kill()
+}
+
+func (s *session) limitReached(ev contract.LimitReached) {
+	s.h.log.Warn("agent limit reached", "conversation", s.conv, "limit", ev.Limit, "max", ev.Max, "used", ev.Used)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.emitLocked(contract.EventLimitReached, ev)
+}
+
+// killOrphansAfterInterrupt ends, in p's jail, the processes an interrupted
+// turn detached: now, and again shortly after, since a detached process is
+// adopted by the jail's init only once the command that started it ends.
+func (s *session) killOrphansAfterInterrupt(p *process) {
+	if p.cell == nil {
+		return
+	}
+	s.h.procs.Go(func() {
+		n := 0
+		for _, wait := range []time.Duration{0, 200 * time.Millisecond, time.Second} {
+			select {
+			case <-p.done:
+				return
+			case <-time.After(wait):
+			}
+			n += p.cell.KillOrphans()
+		}
+		if n > 0 {
+			s.h.log.Info("ended processes an interrupted turn left behind", "conversation", s.conv, "count", n)
+		}
+	})
+}
