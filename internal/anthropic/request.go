@@ -6,80 +6,152 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 )
 
 // RequestHead is what the gateway needs of a Messages request body to price
-// it: the top-level "model", "max_tokens" and "stream" members.
+// it: the top-level "model", "max_tokens", "stream", "thinking", "tools" and
+// "mcp_servers" members, read as the upstream reads them.
 type RequestHead struct {
 	Model     string
 	MaxTokens int64
 	Stream    bool
+	// ThinkingBudget is thinking.budget_tokens, in tokens (0 when absent).
+	// The upstream requires it below max_tokens.
+	ThinkingBudget int64
+	// ServerTools are the declared tools the upstream runs itself (web
+	// search, web fetch, code execution, MCP toolsets and any typed tool
+	// not known to run on the client; see IsClientTool), in request order.
+	ServerTools []ServerTool
+	// MCPServers counts the entries of mcp_servers (the MCP connector: the
+	// upstream calls those servers itself).
+	MCPServers int
+	// maxTokensAt is the byte range of the max_tokens value in the body
+	// (both 0 when absent), for WithMaxTokens.
+	maxTokensAt [2]int
+}
+
+// ServerTool is one server tool declared in a request's tools.
+type ServerTool struct {
+	// Type is the tool's "type", e.g. "web_search_20250305".
+	Type string
+	// MaxUses is "max_uses", 0 when absent (no limit of the request's own).
+	MaxUses int64
+	// MaxContentTokens is "max_content_tokens" (web fetch), 0 when absent.
+	MaxContentTokens int64
+}
+
+// clientToolPrefixes are the types of Anthropic-defined tools that the
+// client runs (their results come back, and are billed, in the next
+// request): the upstream charges nothing for them beyond tokens.
+var clientToolPrefixes = []string{"bash_", "text_editor_", "computer_", "memory_"}
+
+// IsClientTool reports whether a tool of type typ runs on the client: no
+// type or "custom" (a tool the client defines), or one of the
+// Anthropic-defined client tools (bash, text editor, computer use, memory).
+// Every other type is a server tool.
+func IsClientTool(typ string) bool {
+	if typ == "" || typ == "custom" {
+		return true
+	}
+	for _, p := range clientToolPrefixes {
+		if strings.HasPrefix(typ, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// WithMaxTokens returns a copy of body, the request h was scanned from,
+// with max_tokens set to n. ok is false when body has no max_tokens member.
+func (h RequestHead) WithMaxTokens(body []byte, n int64) (out []byte, ok bool) {
+	at := h.maxTokensAt
+	if at[1] <= at[0] || at[1] > len(body) {
+		return nil, false
+	}
+	v := strconv.AppendInt(nil, n, 10)
+	out = make([]byte, 0, len(body)-(at[1]-at[0])+len(v))
+	out = append(out, body[:at[0]]...)
+	out = append(out, v...)
+	return append(out, body[at[1]:]...), true
 }
 
 // ErrMalformedRequest is wrapped by ScanRequestHead errors.
 var ErrMalformedRequest = errors.New("malformed Messages request")
 
-// ScanRequestHead reads the top-level model, max_tokens and stream members
-// of a Messages request body without decoding the rest (messages, tools and
-// system prompts are skipped byte by byte, several times faster than
-// encoding/json). A member given twice is an error: parsers disagree on
-// which one counts, and a body the gateway prices by one max_tokens must not
-// run upstream with another. The body must be one JSON object; errors wrap
-// ErrMalformedRequest. It checks the structure it walks through, not every
-// detail of the skipped values: the upstream validates the body in full.
+// ErrAmbiguousRequest is wrapped by ScanRequestHead errors for a body whose
+// priced members common JSON parsers read differently; it wraps
+// ErrMalformedRequest too.
+var ErrAmbiguousRequest = fmt.Errorf("%w: ambiguous priced member", ErrMalformedRequest)
+
+// pricedMembers are the top-level members that decide what a call may cost.
+var pricedMembers = []string{"model", "max_tokens", "stream", "thinking", "tools", "mcp_servers"}
+
+// toolMembers and thinkingMembers are the priced members inside a tool and
+// inside thinking.
+var (
+	toolMembers     = []string{"type", "max_uses", "max_content_tokens"}
+	thinkingMembers = []string{"budget_tokens"}
+)
+
+// ScanRequestHead reads the priced members of a Messages request body (see
+// RequestHead) without decoding the rest (messages and system prompts are
+// skipped byte by byte, several times faster than encoding/json). The body
+// must be one JSON object; errors wrap ErrMalformedRequest.
+//
+// What is priced must be what the upstream reads, so a priced member
+// (top-level, or "type", "max_uses", "max_content_tokens" in a tool,
+// "budget_tokens" in thinking) must be spelled exactly, once: a name
+// given twice, or written with escapes ("mod\u0065l") or in another case
+// ("Model", "max_to\u212aens" with a Kelvin sign: encoding/json matches
+// member names case-insensitively) is refused with an error wrapping
+// ErrAmbiguousRequest, since parsers disagree on which member counts. A
+// model whose decoding needs a replacement character (invalid UTF-8, a lone
+// surrogate) is refused likewise. It checks the structure it walks through,
+// not every detail of the skipped values: the upstream validates the body in
+// full.
 func ScanRequestHead(b []byte) (RequestHead, error) {
 	var h RequestHead
 	s := scanner{b: b}
 	s.ws()
-	if !s.eat('{') {
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		return h, s.fail("want a JSON object")
 	}
-	s.ws()
-	seen := map[string]bool{}
-	if !s.eat('}') {
-		for {
-			s.ws()
-			key, ok := s.str()
-			if !ok {
-				return h, s.fail("want a member name")
-			}
-			s.ws()
-			if !s.eat(':') {
-				return h, s.fail("want ':'")
-			}
-			s.ws()
-			var err error
-			switch k := string(key); k {
-			case `"model"`, `"max_tokens"`, `"stream"`:
-				if seen[k] {
-					return h, s.fail(k + " given twice")
-				}
-				seen[k] = true
-			}
-			switch string(key) {
-			case `"model"`:
-				err = s.model(&h)
-			case `"max_tokens"`:
-				err = s.maxTokens(&h)
-			case `"stream"`:
-				err = s.stream(&h)
-			default:
-				if !s.skip(0) {
-					err = s.fail("bad value")
-				}
-			}
+	var seen [6]bool
+	err := s.members(pricedMembers, seen[:], func(k int) error {
+		switch pricedMembers[k] {
+		case "model":
+			return s.model(&h)
+		case "max_tokens":
+			start := s.i
+			n, null, err := s.integer("max_tokens")
 			if err != nil {
-				return h, err
+				return err
 			}
-			s.ws()
-			if s.eat(',') {
-				continue
+			h.MaxTokens = n
+			if !null {
+				h.maxTokensAt = [2]int{start, s.i}
 			}
-			if s.eat('}') {
-				break
-			}
-			return h, s.fail("want ',' or '}'")
+		case "stream":
+			return s.stream(&h)
+		case "thinking":
+			return s.thinking(&h)
+		case "tools":
+			return s.tools(&h)
+		case "mcp_servers":
+			return s.array("mcp_servers", func() error {
+				h.MCPServers++
+				if !s.skip(1) {
+					return s.fail("mcp_servers: bad value")
+				}
+				return nil
+			})
 		}
+		return nil
+	})
+	if err != nil {
+		return h, err
 	}
 	s.ws()
 	if s.i != len(s.b) {
@@ -88,13 +160,168 @@ func ScanRequestHead(b []byte) (RequestHead, error) {
 	return h, nil
 }
 
+// members walks the object at s.i. For a member named exactly names[k] it
+// calls value(k) to consume the value (at most once per name: seen, one
+// per name, records it); other members are skipped. A name that decodes or
+// case-folds to one of names without being spelled exactly is refused (see
+// ScanRequestHead).
+func (s *scanner) members(names []string, seen []bool, value func(k int) error) error {
+	s.ws()
+	if !s.eat('{') {
+		return s.fail("want an object")
+	}
+	s.ws()
+	if s.eat('}') {
+		return nil
+	}
+	for {
+		s.ws()
+		at := s.i
+		key, ok := s.str()
+		if !ok {
+			return s.fail("want a member name")
+		}
+		s.ws()
+		if !s.eat(':') {
+			return s.fail("want ':'")
+		}
+		s.ws()
+		k, err := s.match(names, key, at)
+		if err != nil {
+			return err
+		}
+		if k >= 0 {
+			if seen[k] {
+				return s.ambiguous(at, fmt.Sprintf("%q given twice", names[k]))
+			}
+			seen[k] = true
+			if err := value(k); err != nil {
+				return err
+			}
+		} else if !s.skip(1) {
+			return s.fail("bad value")
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat('}') {
+			return nil
+		}
+		return s.fail("want ',' or '}'")
+	}
+}
+
+// match returns the index in names of key (a raw member name with its
+// quotes), -1 for a name not among them, or an ErrAmbiguousRequest error
+// for a name that other parsers would read as one of them.
+func (s *scanner) match(names []string, key []byte, at int) (int, error) {
+	raw := key[1 : len(key)-1]
+	for k, n := range names {
+		if string(raw) == n {
+			return k, nil
+		}
+	}
+	name := string(raw)
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		if err := json.Unmarshal(key, &name); err != nil {
+			return -1, s.failAt(at, "member name: "+err.Error())
+		}
+	}
+	for _, n := range names {
+		if strings.EqualFold(name, n) {
+			return -1, s.ambiguous(at, fmt.Sprintf("member %s is read as %q by common JSON parsers; spell it exactly", key, n))
+		}
+	}
+	return -1, nil
+}
+
+func (s *scanner) ambiguous(at int, msg string) error {
+	return fmt.Errorf("%w: %s at byte %d", ErrAmbiguousRequest, msg, at)
+}
+
+// array walks the array (or null) at s.i, calling elem with s.i at each
+// element; elem consumes it.
+func (s *scanner) array(name string, elem func() error) error {
+	if s.peekNull() {
+		return nil
+	}
+	if !s.eat('[') {
+		return s.fail(name + ": want an array")
+	}
+	s.ws()
+	if s.eat(']') {
+		return nil
+	}
+	for {
+		s.ws()
+		if err := elem(); err != nil {
+			return err
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat(']') {
+			return nil
+		}
+		return s.fail(name + ": want ',' or ']'")
+	}
+}
+
+func (s *scanner) tools(h *RequestHead) error {
+	return s.array("tools", func() error {
+		if s.peekNull() {
+			return nil // read as a tool without a type by encoding/json; the upstream refuses it
+		}
+		var t ServerTool
+		var seen [3]bool
+		err := s.members(toolMembers, seen[:], func(k int) error {
+			var err error
+			switch toolMembers[k] {
+			case "type":
+				t.Type, err = s.string("tools[].type")
+			case "max_uses":
+				t.MaxUses, _, err = s.integer("tools[].max_uses")
+			case "max_content_tokens":
+				t.MaxContentTokens, _, err = s.integer("tools[].max_content_tokens")
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if t.MaxUses < 0 || t.MaxContentTokens < 0 {
+			return s.fail("tools[]: max_uses and max_content_tokens must not be negative")
+		}
+		if !IsClientTool(t.Type) {
+			h.ServerTools = append(h.ServerTools, t)
+		}
+		return nil
+	})
+}
+
+func (s *scanner) thinking(h *RequestHead) error {
+	if s.peekNull() {
+		return nil
+	}
+	var seen [1]bool
+	return s.members(thinkingMembers, seen[:], func(int) error {
+		var err error
+		h.ThinkingBudget, _, err = s.integer("thinking.budget_tokens")
+		return err
+	})
+}
+
 type scanner struct {
 	b []byte
 	i int
 }
 
-func (s *scanner) fail(msg string) error {
-	return fmt.Errorf("%w: %s at byte %d", ErrMalformedRequest, msg, s.i)
+func (s *scanner) fail(msg string) error { return s.failAt(s.i, msg) }
+
+func (s *scanner) failAt(at int, msg string) error {
+	return fmt.Errorf("%w: %s at byte %d", ErrMalformedRequest, msg, at)
 }
 
 func (s *scanner) ws() {
@@ -214,32 +441,52 @@ func (s *scanner) skip(depth int) bool {
 }
 
 func (s *scanner) model(h *RequestHead) error {
-	if lit := s.peekNull(); lit {
+	if s.peekNull() {
 		h.Model = ""
 		return nil
 	}
-	raw, ok := s.str()
-	if !ok {
-		return s.fail("model: want a string")
+	at := s.i
+	m, err := s.string("model")
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(raw, &h.Model); err != nil {
-		return s.fail("model: " + err.Error())
+	if strings.ContainsRune(m, utf8.RuneError) {
+		return s.ambiguous(at, "model: invalid UTF-8 or a lone surrogate, which parsers decode differently")
 	}
+	h.Model = m
 	return nil
 }
 
-func (s *scanner) maxTokens(h *RequestHead) error {
+// string consumes a string value (or null, read as "") and decodes it.
+func (s *scanner) string(what string) (string, error) {
 	if s.peekNull() {
-		h.MaxTokens = 0
-		return nil
+		return "", nil
+	}
+	raw, ok := s.str()
+	if !ok {
+		return "", s.fail(what + ": want a string")
+	}
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var v string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", s.fail(what + ": " + err.Error())
+	}
+	return v, nil
+}
+
+// integer consumes an integer value (or null, read as 0; null reports it).
+func (s *scanner) integer(what string) (n int64, null bool, err error) {
+	if s.peekNull() {
+		return 0, true, nil
 	}
 	lit := s.literal()
-	n, err := strconv.ParseInt(string(lit), 10, 64)
-	if err != nil || len(lit) > 1 && lit[0] == '0' || len(lit) > 0 && lit[0] == '+' {
-		return s.fail("max_tokens: want an integer")
+	n, perr := strconv.ParseInt(string(lit), 10, 64)
+	if perr != nil || len(lit) > 1 && lit[0] == '0' || len(lit) > 0 && lit[0] == '+' || len(lit) > 2 && lit[0] == '-' && lit[1] == '0' {
+		return 0, false, s.fail(what + ": want an integer")
 	}
-	h.MaxTokens = n
-	return nil
+	return n, false, nil
 }
 
 func (s *scanner) stream(h *RequestHead) error {

@@ -254,6 +254,10 @@ func (m *StreamMeter) handleData(data []byte) {
 // Usage returns what the stream said so far.
 func (m *StreamMeter) Usage() Usage { return m.usage }
 
+// Started reports whether message_start was seen: the input-side usage is
+// known from then on.
+func (m *StreamMeter) Started() bool { return m.usage.Started }
+
 // ParseMessageUsage reads usage from a non-streaming Messages response body
 // (a Message object) or an error envelope.
 func ParseMessageUsage(body []byte) (Usage, bool) {
