@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -177,7 +178,7 @@ func killByMarker(tmpDir string) int {
 		if pid == os.Getpid() {
 			continue
 		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		env, err := readEnviron(e.Name())
 		if err != nil || !bytes.Contains(env, marker) {
 			continue
 		}
@@ -186,6 +187,22 @@ func killByMarker(tmpDir string) int {
 		}
 	}
 	return n
+}
+
+// maxEnviron bounds how much of a process's environment killByMarker reads:
+// an agent's process can make its environment as large as its stack limit
+// allows, and the worker must not read that much for it. The CLI's own
+// environment, where the marker is, is small.
+const maxEnviron = 1 << 20
+
+// readEnviron reads at most maxEnviron bytes of /proc/<pid>/environ.
+func readEnviron(pid string) ([]byte, error) {
+	f, err := os.Open(filepath.Join("/proc", pid, "environ"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxEnviron))
 }
 
 // Recover loads every conversation of the session volume that has work
