@@ -69,6 +69,10 @@ type PriceTable struct {
 	Unknown UnknownModelPolicy
 	dearest Price
 	geo     map[string]int64
+	// tools are the server-tool prices (servertool.go); dearestTool
+	// prices a tool type none of them matches.
+	tools       []serverToolEntry
+	dearestTool ServerToolPrice
 }
 
 type priceEntry struct {
@@ -107,7 +111,9 @@ type priceFile struct {
 	// GeoMultipliers maps a usage.inference_geo ("us") to a decimal factor
 	// ("1.1") applied to every amount of a call run there.
 	GeoMultipliers map[string]string `json:"geo_multipliers,omitempty"`
-	Models         []priceJSON       `json:"models"`
+	// ServerTools price server tools in worst cases (servertool.go).
+	ServerTools []serverToolJSON `json:"server_tools,omitempty"`
+	Models      []priceJSON      `json:"models"`
 }
 
 type ratesJSON struct {
@@ -207,6 +213,19 @@ func ParsePriceTable(b []byte) (*PriceTable, error) {
 		seen[key] = true
 		t.entries = append(t.entries, e)
 	}
+	seenTool := map[string]bool{}
+	for i, st := range f.ServerTools {
+		e, err := st.entry()
+		if err != nil {
+			return nil, fmt.Errorf("%w: server_tools[%d] (%q): %v", ErrBadPriceTable, i, st.Type, err)
+		}
+		if seenTool[st.Type] {
+			return nil, fmt.Errorf("%w: server_tools[%d]: %q listed twice", ErrBadPriceTable, i, st.Type)
+		}
+		seenTool[st.Type] = true
+		t.tools = append(t.tools, e)
+	}
+	t.dearestTool = dearestToolOf(t.tools)
 	t.dearest = dearestOf(t.entries)
 	t.dearest.geo = t.geo
 	return t, nil
@@ -440,14 +459,10 @@ func scale(a NanoUSD, factor int64) NanoUSD {
 // (promptTokens, an over-estimate) at the dearest input-side rate (usually
 // a 1-hour cache write) plus maxTokens of output, at the tier promptTokens
 // falls in (tiers only grow with the prompt, so an over-estimate of the
-// prompt never picks a cheaper tier). Server-tool requests (web search) are
-// not in it: their count is not known before the call.
+// prompt never picks a cheaper tier), at the dearest geo (the call may run
+// in any). A call with server tools needs WorstCaseWithTools.
 func (p Price) WorstCase(promptTokens, maxTokens int64) NanoUSD {
 	r := p.rates(promptTokens)
 	in := max(r.Input, r.CacheWrite5m, r.CacheWrite1h, r.CacheRead)
-	var dearestGeo int64 // the call may run in any geo
-	for _, f := range p.geo {
-		dearestGeo = max(dearestGeo, f)
-	}
-	return scale(addCost(costOf(promptTokens, in), costOf(maxTokens, r.Output)), dearestGeo)
+	return scale(addCost(costOf(promptTokens, in), costOf(maxTokens, r.Output)), p.dearestGeo())
 }

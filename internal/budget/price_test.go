@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -323,4 +324,66 @@ func FuzzParseUSD(f *testing.F) {
 			t.Fatalf("round trip of %q: %d → %q → %d, %v", s, n, FormatUSD(n), back, err)
 		}
 	})
+}
+
+// TestWorstCaseWithToolsBoundsServerToolCalls: case M3's call (a 200-byte
+// body with web search, billed 25 000 input tokens, 500 output and 3
+// searches) costs no more than its worst case, whatever server tools it
+// declares; unknown tool types are priced as the dearest listed.
+func TestWorstCaseWithToolsBoundsServerToolCalls(t *testing.T) {
+	p := DefaultPrices()
+	price, _ := p.PriceFor("claude-3-haiku-20240307", time.Now())
+	u := anthropic.Usage{Model: "claude-3-haiku-20240307", InputTokens: 25_000, OutputTokens: 500, WebSearchRequests: 3}
+	const prompt = 200/3 + 1
+	for _, tools := range [][]anthropic.ServerTool{
+		{{Type: "web_search_20250305", MaxUses: 5}},
+		{{Type: "web_search_20250305"}},
+		{{Type: "web_search_20250305", MaxUses: 3}},
+		{{Type: "future_tool_20270101"}, {Type: "web_search_20250305", MaxUses: 3}},
+	} {
+		tb, _ := p.ServerTools(tools, 0)
+		if w := price.WorstCaseWithTools(prompt, 1024, tb); w < price.Cost(u) {
+			t.Errorf("tools %+v: worst case %d below the cost %d of the usage the upstream reports", tools, w, price.Cost(u))
+		}
+	}
+	if _, known := p.ServerTools([]anthropic.ServerTool{{Type: "future_tool_20270101"}}, 0); known {
+		t.Error("an unlisted server tool reported as known")
+	}
+	unknown, _ := p.ServerTools([]anthropic.ServerTool{{Type: "future_tool_20270101", MaxUses: 1}}, 0)
+	for _, typ := range []string{"web_search_20250305", "web_fetch_20250910", "code_execution_20250825", "mcp_toolset"} {
+		known, ok := p.ServerTools([]anthropic.ServerTool{{Type: typ, MaxUses: 1}}, 0)
+		if !ok || known.ResultTokens > unknown.ResultTokens || known.Fees > unknown.Fees+price.WebSearch {
+			t.Errorf("%s: bound %+v (known %v), want it listed and no dearer than an unknown tool's %+v", typ, known, ok, unknown)
+		}
+	}
+	if tb, _ := p.ServerTools(nil, 0); price.WorstCaseWithTools(prompt, 1024, tb) != price.WorstCase(prompt, 1024) {
+		t.Error("no server tools: WorstCaseWithTools differs from WorstCase")
+	}
+	huge, _ := p.ServerTools([]anthropic.ServerTool{{Type: "web_fetch_20250910", MaxUses: 1 << 62, MaxContentTokens: 1 << 62}}, 1<<20)
+	if w := price.WorstCaseWithTools(1<<40, 1<<24, huge); w <= 0 || w > MaxCost {
+		t.Errorf("absurd tool bounds: worst case %d, want positive and at most MaxCost", w)
+	}
+}
+
+func TestParsePriceTableServerTools(t *testing.T) {
+	base := `{"format":1,"models":[{"model":"m","input":"1","output":"1","cache_write_5m":"1","cache_write_1h":"1","cache_read":"1"}],"server_tools":[%s]}`
+	for _, bad := range []string{
+		`{"type":"","per_use_usd":"0","input_tokens_per_use":1}`,
+		`{"type":"web_search_*","per_use_usd":"-1","input_tokens_per_use":1}`,
+		`{"type":"web_search_*","per_use_usd":"0","input_tokens_per_use":-1}`,
+		`{"type":"bash_20250124","per_use_usd":"0","input_tokens_per_use":1}`,
+		`{"type":"x*","per_use_usd":"0","input_tokens_per_use":1},{"type":"x*","per_use_usd":"0","input_tokens_per_use":1}`,
+		`{"type":"x","per_use_usd":"0","input_tokens_per_use":1,"extra":1}`,
+	} {
+		if _, err := ParsePriceTable([]byte(fmt.Sprintf(base, bad))); !errors.Is(err, ErrBadPriceTable) {
+			t.Errorf("server_tools %s: got %v, want ErrBadPriceTable", bad, err)
+		}
+	}
+	p, err := ParsePriceTable([]byte(fmt.Sprintf(base, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, known := p.ServerTool("web_search_20250305"); known || got != fallbackServerTool {
+		t.Errorf("a table without server_tools: got %+v (known %v), want the fallback %+v", got, known, fallbackServerTool)
+	}
 }
