@@ -172,7 +172,7 @@ func TestBudgetAdminAPI(t *testing.T) {
 			st, b = f.do(t, "GET", "/metrics", adminToken, "")
 			for _, want := range []string{`talkide_gateway_requests_total{code="200",path="/v1/messages"} 1`,
 				`talkide_gateway_denials_total{reason="budget"} 1`, `talkide_gateway_inflight_streams 0`,
-				`talkide_gateway_settlements_total{outcome="complete",result="booked"} 1`, `talkide_gateway_tokens_total{kind="output",model="claude-sonnet-4-5"}`,
+				`talkide_gateway_settlements_total{outcome="complete",result="booked"} 1`, `talkide_gateway_tokens_total{kind="output",model="talkide-dev-upstream"}`,
 				`talkide_budget_precall_check_seconds_count{result="admitted"} 1`, `talkide_gateway_overhead_seconds_bucket`} {
 				if st != 200 || !strings.Contains(string(b), want) {
 					t.Errorf("metrics lack %s", want)

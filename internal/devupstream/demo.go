@@ -38,6 +38,13 @@ type DemoResponder struct{}
 
 var _ Responder = DemoResponder{}
 
+// ModelID is the model the development upstream answers as, whatever model
+// the request names, unless a scripted Response (or a Responder's) names
+// one. The built-in price table lists it at a price of its own (budget's
+// default_prices.json): a demo turn costs a fraction of a cent, so budgets
+// of any size show how they behave.
+const ModelID = "talkide-dev-upstream"
+
 // Respond implements [Responder].
 func (DemoResponder) Respond(req *Request) Response {
 	if req.OutputFormat == "json_schema" {

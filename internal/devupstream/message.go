@@ -22,6 +22,9 @@ type message struct {
 // makes fresh ids from a prefix.
 func buildMessage(req *Request, resp Response, newID func(prefix string) string) (*message, error) {
 	m := &message{ID: newID("msg_dev_"), Model: req.Model, StopReason: resp.StopReason}
+	if resp.Model != "" {
+		m.Model = resp.Model
+	}
 	out := 0
 	for i, b := range resp.Content {
 		if err := b.validate(); err != nil {

@@ -34,6 +34,9 @@ var _ Responder = ResponderFunc(nil)
 // JSON (admin API): see the package documentation; the delays are
 // "first_byte_delay_ms" and "event_delay_ms" in milliseconds.
 type Response struct {
+	// Model is the model the answer names. Empty means the request's for
+	// a scripted answer, ModelID for a Responder's.
+	Model string
 	// Content is the assistant message content, in order.
 	Content []ContentBlock
 	// StopReason defaults to "tool_use" when Content holds a tool_use

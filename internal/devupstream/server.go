@@ -388,6 +388,9 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request, c *call)
 	resp, ok := s.nextScripted()
 	if !ok {
 		resp = s.responder.Respond(req)
+		if resp.Model == "" {
+			resp.Model = ModelID // priced as the development upstream, not as what was asked for
+		}
 	}
 	return s.answer(w, r, c, req, resp)
 }

@@ -187,7 +187,7 @@ func TestNonStreamingShape(t *testing.T) {
 	usage, _ := m["usage"].(map[string]any)
 	delete(m, "usage")
 	want := map[string]any{
-		"type": "message", "role": "assistant", "model": "claude-opus-5-5",
+		"type": "message", "role": "assistant", "model": ModelID,
 		"content":     []any{map[string]any{"type": "text", "text": `You said: "hello there". I am the TalkIDE development upstream; put a command between backticks and I will run it.`}},
 		"stop_reason": "end_turn", "stop_sequence": nil,
 	}
