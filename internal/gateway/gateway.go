@@ -24,9 +24,22 @@
 //   - A stream that ends early (an error event after 200, an upstream cut,
 //     a client that went away) is debited for what is known: the input-side
 //     usage of message_start, and the larger of the reported output and an
-//     estimate of the output delivered. A client that goes away cancels the
-//     upstream call at once instead of draining it: the user stopped the
-//     turn, and draining would pay for output nobody reads.
+//     estimate of the output delivered. A client that goes away after
+//     message_start cancels the upstream call at once instead of draining
+//     it: the user stopped the turn, and draining would pay for output
+//     nobody reads.
+//   - Booking what may be billed (clientgone.go): the upstream call runs on
+//     a context of its own, not the client's. A client that leaves before
+//     the usage is known (a non-streaming call, or a stream before
+//     message_start) does not end it: the gateway reads on, for at most
+//     Config.ClientGoneWait, and books the usage the upstream reports. A
+//     call the upstream took but whose usage never came (that wait ran
+//     out, the upstream failed) is booked at its input-side worst case;
+//     only a call that never reached the upstream is booked at zero.
+//   - A budget smaller than one worst case (lower.go): a call refused for
+//     its budget is admitted with max_tokens lowered to what the remaining
+//     budget covers, when that is at least MinLoweredMaxTokens, and the
+//     answer carries HeaderMaxTokensLowered.
 //
 // Main type: Handler. It does not mint tokens (package mint) or store prices
 // and budgets (package budget).
@@ -43,11 +56,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/talkide/talkide/internal/anthropic"
@@ -91,7 +106,15 @@ type Config struct {
 	Logger    *slog.Logger
 	// Metrics, when set, receives the gateway's measurements.
 	Metrics *Metrics
+	// ClientGoneWait bounds how long the gateway keeps an upstream call
+	// going after its client left, to learn the usage it bills (see
+	// clientgone.go). Zero means DefaultClientGoneWait.
+	ClientGoneWait time.Duration
 }
+
+// DefaultClientGoneWait is Config.ClientGoneWait's default: the longest a
+// non-streaming Messages call runs (the SDKs' own timeout).
+const DefaultClientGoneWait = 10 * time.Minute
 
 // MaxRequestBytes is the largest request body forwarded (Anthropic's own
 // Messages limit, 32 MB).
@@ -118,6 +141,10 @@ type Handler struct {
 	// goroutine instead of joining settles.
 	mu     sync.Mutex
 	closed bool
+	// stopping ends when Close begins: upstream calls kept going for a
+	// client that left are cut then (clientgone.go).
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 // New returns the gateway-proxy.
@@ -127,6 +154,9 @@ func New(cfg Config) *Handler {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ClientGoneWait <= 0 {
+		cfg.ClientGoneWait = DefaultClientGoneWait
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = &http.Transport{
@@ -141,6 +171,7 @@ func New(cfg Config) *Handler {
 		}
 	}
 	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger, m: cfg.Metrics}
+	h.stopping, h.stop = context.WithCancel(context.Background())
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		Transport:      ticketTransport{next: cfg.Transport},
@@ -155,11 +186,13 @@ func New(cfg Config) *Handler {
 
 // Close waits until every call's debit is booked (or failed). Call it after
 // the HTTP server stopped serving; a call still finishing after that books
-// its debit before its handler returns.
+// its debit before its handler returns. Upstream calls kept going for
+// clients that left are cut, and booked at their input-side worst case.
 func (h *Handler) Close() {
 	h.mu.Lock()
 	h.closed = true
 	h.mu.Unlock()
+	h.stop()
 	h.settles.Wait()
 }
 
@@ -192,6 +225,12 @@ type call struct {
 	claims  *token.Claims
 	apiPath string
 	model   string
+	// floor is what the call is booked at when the upstream took it but
+	// its usage never came: its input-side worst case, in nano-USD.
+	floor budget.NanoUSD
+	// lowered is the max_tokens the call was forwarded with when the
+	// gateway lowered it to fit the budget (lower.go), else 0.
+	lowered int64
 	// ticket is the call's pre-call check (nil for count_tokens, which is
 	// free); once it is Done without error, res is its reservation.
 	ticket    *budget.Ticket
@@ -201,6 +240,23 @@ type call struct {
 	forwarded time.Time
 	// client is the incoming request's context: done when the client left.
 	client context.Context
+	// up is the upstream call's own context and its cancel (metered calls;
+	// see clientgone.go).
+	up       context.Context
+	cancelUp context.CancelFunc
+	// unwatch stops watching for the client leaving.
+	unwatch func() bool
+	// wrote is set once the request was written to the upstream: from
+	// then on the upstream may bill it.
+	wrote atomic.Bool
+	// gone is set when the client left before the usage was known.
+	gone atomic.Bool
+	// meter is the answer being metered, once the upstream's headers came.
+	meter atomic.Pointer[meteredBody]
+	// goneOnce arms the bound on a call kept going for a gone client once;
+	// disarm ends it.
+	goneOnce sync.Once
+	disarm   func()
 }
 
 type ctxKey struct{}
@@ -230,7 +286,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return // the client went away while the body was read
 	}
+	if c.lowered > 0 {
+		w.Header().Set(HeaderMaxTokensLowered, strconv.FormatInt(c.lowered, 10))
+	}
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
+	if c.unwatch != nil {
+		c.unwatch()
+	}
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID string, f *refusal) {
@@ -312,19 +374,53 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "unknown_model",
 			msg: fmt.Sprintf("model %q has no price in this TalkIDE gateway, so it cannot be budgeted; use a listed model or ask your administrator to add it", head.Model)}
 	}
+	var tools budget.ToolBound
+	if len(head.ServerTools) > 0 || head.MCPServers > 0 {
+		var toolsKnown bool
+		tools, toolsKnown = h.cfg.Prices.ServerTools(head.ServerTools, head.MCPServers)
+		if !toolsKnown && h.cfg.Prices.Unknown == budget.UnknownDeny {
+			return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "unknown_tool",
+				msg: "a server tool of this request has no price in this TalkIDE gateway, so it cannot be budgeted; ask your administrator to add it"}
+		}
+	}
 	c.model = head.Model
 	// Prompt tokens, over-estimated: no tokenizer yields fewer than one
 	// token per 3 bytes of JSON.
 	prompt := int64(len(body))/3 + 1
-	t := h.cfg.Budget.PreCallCheckAsync(r.Context(), budget.Call{
+	c.floor = price.WorstCaseWithTools(prompt, 0, tools)
+	call := budget.Call{
 		UserID: claims.User, Tenant: claims.Tenant, Env: claims.Env, ConversationID: claims.Conversation,
-		Model: head.Model, RequestID: reqID, Amount: price.WorstCase(prompt, head.MaxTokens), EstimatedTokens: prompt,
-	})
+		Model: head.Model, RequestID: reqID, Amount: price.WorstCaseWithTools(prompt, head.MaxTokens, tools), EstimatedTokens: prompt,
+	}
+	t := h.cfg.Budget.PreCallCheckAsync(r.Context(), call)
 	c.ticket = t
 	if t.Predicted {
 		return c, nil // forwarded while the reservation commits (ticketTransport)
 	}
 	res, err := t.Result()
+	var deny *budget.DenyError
+	if errors.As(err, &deny) {
+		// The call's worst case does not fit: admit it with max_tokens
+		// lowered to what the rest of the budget covers, if that is
+		// enough to be of use (lower.go).
+		if n, ok := lowerMaxTokens(price, prompt, head, tools, deny); ok {
+			lowered, _ := head.WithMaxTokens(body, n)
+			call.Amount = price.WorstCaseWithTools(prompt, n, tools)
+			t2 := h.cfg.Budget.PreCallCheckAsync(r.Context(), call)
+			res2, err2 := t2.Result() // after a refusal nothing is predicted; wait either way
+			if err2 == nil {
+				t, res, err = t2, res2, nil
+				c.ticket, c.lowered = t2, n
+				body = lowered
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				r.ContentLength = int64(len(body))
+				h.log.Info("gateway lowered max_tokens to fit the budget", "tenant", claims.Tenant, "conversation", claims.Conversation,
+					"user", claims.User, "request_id", reqID, "max_tokens", head.MaxTokens, "lowered_to", n)
+			} else if !errors.As(err2, &deny) {
+				err = err2
+			}
+		}
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return nil, nil
@@ -393,6 +489,12 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	// decoding; the bytes reach the worker exactly as the upstream sent
 	// them either way.
 	pr.Out.Header.Set("Accept-Encoding", "identity")
+	if c.ticket != nil {
+		// A metered call runs upstream on a context of its own, so a
+		// client that leaves before its usage is known does not end it
+		// (clientgone.go).
+		h.detach(pr, c)
+	}
 	c.forwarded = time.Now()
 	h.m.observeOverhead(c.forwarded.Sub(c.start))
 }
@@ -427,8 +529,15 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	default:
 		m.undecodable = enc // passed through, charged at the reservation
 	}
+	if m.tee != sink || m.undecodable != "" {
+		// Compressed: the meter is fed on another goroutine (or not at
+		// all), so the call is treated as past message_start: a client
+		// that leaves cancels it at once, as before.
+		m.started.Store(true)
+	}
 	h.m.streams(1)
 	resp.Body = m
+	c.meter.Store(m)
 	return nil
 }
 
@@ -440,6 +549,7 @@ func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcom
 // book waits for the call's reservation and replaces it with cost (the
 // postCallDebit), retrying a failed debit twice.
 func (h *Handler) book(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome, requestID string) {
+	c.release()
 	if requestID == "" {
 		requestID = c.requestID
 	}
@@ -485,16 +595,23 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	if c != nil && c.ticket != nil {
-		// No answer came back: nothing to bill (an unreachable upstream
-		// took no request; one that timed out sent no usage).
-		h.settle(c, anthropic.Usage{Model: c.model}, 0, "no_answer", "")
+		if c.wrote.Load() {
+			// The upstream took the request and no usage came back (it
+			// failed, or the client left and the wait ran out): it may
+			// bill at least the input.
+			h.settle(c, anthropic.Usage{Model: c.model}, c.floor, "no_usage", "")
+		} else {
+			// The request never reached the upstream: nothing to bill.
+			h.settle(c, anthropic.Usage{Model: c.model}, 0, "no_answer", "")
+		}
 	}
 	path := "other"
 	reqID := ""
+	var client context.Context = r.Context()
 	if c != nil {
-		path, reqID = c.apiPath, c.requestID
+		path, reqID, client = c.apiPath, c.requestID, c.client
 	}
-	if r.Context().Err() != nil {
+	if client.Err() != nil {
 		h.log.Info("gateway client went away", "status", httpapi.StatusClientClosed, "request_id", reqID)
 		h.m.request(path, httpapi.StatusClientClosed)
 		return
@@ -535,7 +652,11 @@ func (t ticketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// A context of its own, ended with the client's: it carries the call
 	// but none of the reverse proxy's hooks, which would relay a 1xx
 	// answer before the reservation is durable.
-	ctx, cancelCtx := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, c))
+	base := context.WithValue(context.Background(), ctxKey{}, c)
+	if tr := httptrace.ContextClientTrace(c.up); tr != nil {
+		base = httptrace.WithClientTrace(base, tr) // c.wrote
+	}
+	ctx, cancelCtx := context.WithCancel(base)
 	stop := context.AfterFunc(req.Context(), cancelCtx)
 	cancel := func() { stop(); cancelCtx() }
 	go func() {
@@ -601,6 +722,10 @@ type meteredBody struct {
 	once      sync.Once
 	// undecodable is a Content-Encoding the tee cannot read.
 	undecodable string
+	// started is set once a stream's message_start was read.
+	started atomic.Bool
+	// drained is set when the answer was read on after the client left.
+	drained bool
 }
 
 func (m *meteredBody) Read(p []byte) (int, error) {
@@ -608,6 +733,15 @@ func (m *meteredBody) Read(p []byte) (int, error) {
 	if n > 0 {
 		m.received += int64(n)
 		m.tee.Write(p[:n])
+		if m.stream != nil && !m.started.Load() && m.stream.Started() { // an uncompressed stream: the meter is ours
+			m.started.Store(true)
+			if m.c.gone.Load() {
+				// The client left before message_start: the input-side
+				// usage is known now, and the output nobody reads is
+				// not worth paying for.
+				m.c.cancelUp()
+			}
+		}
 	}
 	if err == io.EOF {
 		m.eof = true // settled at Close, after the last bytes reached the client
@@ -620,6 +754,13 @@ func (m *meteredBody) Read(p []byte) (int, error) {
 // Close settles the call; the reverse proxy closes the body once it has
 // relayed (and flushed) all of it, or given up.
 func (m *meteredBody) Close() error {
+	if !m.eof && m.readErr == nil && !m.started.Load() {
+		// The relay stopped before the usage was known: the client is
+		// gone. Read on for it, bounded (clientgone.go).
+		m.c.gone.Store(true)
+		m.h.background(m.drain)
+		return nil
+	}
 	err := m.rc.Close()
 	m.finish(m.eof)
 	return err
@@ -670,12 +811,15 @@ func (m *meteredBody) settle(eof, clientGone bool) {
 		h.book(c, u, 0, "stream_error", m.requestID)
 		return
 	case !u.Started:
-		h.book(c, u, 0, "no_answer", m.requestID)
+		// The upstream took the call and sent no usage (it cut the
+		// answer, or the client left and the wait ran out): it may bill
+		// at least the input.
+		h.book(c, u, c.floor, "no_usage", m.requestID)
 		return
 	case u.ErrorType != "":
 		outcome = "stream_error"
-	case complete:
-	case clientGone:
+	case complete && !m.drained && !clientGone:
+	case clientGone || m.drained:
 		outcome = "client_disconnect"
 	case m.readErr != nil || !eof:
 		outcome = "upstream_cut"

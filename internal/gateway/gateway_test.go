@@ -640,25 +640,6 @@ func TestGatewayHugeMaxTokensCannotBypassBudget(t *testing.T) {
 	close(hold)
 }
 
-func TestGatewayReleasesWhenClientLeavesBeforeHeaders(t *testing.T) {
-	f := newFixture(t)
-	f.up.Script(devupstream.Response{FirstByteDelay: 5 * time.Second})
-	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
-	defer cancel()
-	req := f.request(ctx, t, http.MethodPost, "/v1/messages", f.workerToken(t, convID, userID), strings.NewReader(messagesBody(true, 1024)))
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("got status %d, want the client's deadline to end the call", resp.StatusCode)
-	}
-	ledger := f.waitSettled(t, userID, 1)
-	if len(ledger) != 2 || ledger[1].Amount != 0 {
-		t.Errorf("ledger: got %+v, want a reserve and a debit of 0", ledger)
-	}
-	if sp := f.spend(t, userID); sp.Spent != 0 || sp.Reserved != 0 {
-		t.Errorf("spend: got spent %d reserved %d, want 0 and 0", sp.Spent, sp.Reserved)
-	}
-}
-
 func TestGatewayUpstreamUnreachableIs502AndReleases(t *testing.T) {
 	f := newFixture(t)
 	// A gateway whose upstream address has nothing listening.

@@ -147,6 +147,8 @@ type fixtureOptions struct {
 	metrics  *gateway.Metrics
 	// noRecord keeps the upstream's answers out of memory (big streams).
 	noRecord bool
+	// clientGoneWait is the gateway's Config.ClientGoneWait.
+	clientGoneWait time.Duration
 }
 
 func newFixture(t testing.TB) *fixture { return newFixtureWith(t, fixtureOptions{}) }
@@ -188,13 +190,14 @@ func newFixtureWith(t testing.TB, o fixtureOptions) *fixture {
 	svc := budget.NewService(db, o.budget)
 	logs := &platformtest.LogBuffer{}
 	gw := gateway.New(gateway.Config{
-		Upstream: upURL,
-		APIKey:   upstreamKey,
-		Keys:     []token.Key{master.Derive(token.PurposeGateway, "", "")},
-		Budget:   svc,
-		Prices:   o.prices,
-		Metrics:  o.metrics,
-		Logger:   slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Upstream:       upURL,
+		APIKey:         upstreamKey,
+		Keys:           []token.Key{master.Derive(token.PurposeGateway, "", "")},
+		Budget:         svc,
+		Prices:         o.prices,
+		Metrics:        o.metrics,
+		ClientGoneWait: o.clientGoneWait,
+		Logger:         slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	gwSrv := httptest.NewServer(gw)
 	t.Cleanup(func() { gwSrv.Close(); gw.Close(); svc.Close() })
@@ -339,6 +342,37 @@ func (f *fixture) waitSettled(t testing.TB, user string, debits int) []ledgerRow
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// waitFor polls cond until it holds; the deadline only keeps a broken
+// gateway from hanging the test, nothing is measured against it.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitDebits polls until user's ledger holds n debits and nothing is
+// reserved; it returns the ledger.
+func (f *fixture) waitDebits(t testing.TB, user string, n int) []ledgerRow {
+	t.Helper()
+	var l []ledgerRow
+	waitFor(t, fmt.Sprintf("%d debits of %s", n, user), func() bool {
+		l = f.ledger(t, user)
+		d := 0
+		for _, r := range l {
+			if r.Kind == "debit" {
+				d++
+			}
+		}
+		return d >= n && f.spend(t, user).Reserved == 0
+	})
+	return l
 }
 
 // waitNothingReserved polls until user holds no reservation.
