@@ -121,10 +121,22 @@ const (
 )
 
 // OpenRoot opens path, a directory the worker trusts by its path: one of
-// its configured roots, or an agent's top directory whose parent only the
-// worker can change (the agent can fill it but not replace it). The last
-// component must not be a symbolic link.
+// its configured roots (the config, workspace, home or tmp root), whose path
+// the operator chose and may hold symlinks. Names beneath it are then
+// resolved with none. Never pass a directory the agent can replace; for an
+// agent's own top directory open its root and name it beneath.
 func OpenRoot(path string) (*Dir, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathErr("open", path, mapErrno(err, true))
+	}
+	return &Dir{f: os.NewFile(uintptr(fd), path)}, nil
+}
+
+// openTop opens the directory path refusing a symlink as its last
+// component (ChownTree and ChownDir: the directory itself, never a link's
+// target).
+func openTop(path string) (*Dir, error) {
 	fd, err := unix.Open(path, dirFlags, 0)
 	if err == unix.ENOTDIR {
 		err = classify(unix.AT_FDCWD, path)

@@ -202,9 +202,10 @@ func TestDirectoriesAreNotFollowed(t *testing.T) {
 			}
 		})
 	}
-	if _, err := OpenRoot(filepath.Join(root, "projects", "q")); !errors.Is(err, ErrSymlink) {
-		t.Errorf("OpenRoot of a symlink: got %v, want ErrSymlink", err)
-	}
+	// A root is the operator's path: a link there is the operator's.
+	d, err := OpenRoot(filepath.Join(root, "projects", "q"))
+	must(t, err)
+	d.Close()
 }
 
 // TestRemoveFollowsNoComponent: a symlink in the middle of the path refuses

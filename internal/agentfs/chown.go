@@ -17,7 +17,7 @@ const maxDepth = 128
 // ChownTree gives the directory path and everything beneath it to uid:gid,
 // unless path already belongs to them (then what is inside is the agent's
 // doing and nothing changes). path must be a directory whose parent only
-// the worker can change (see OpenRoot). The walk goes by descriptors: each
+// the worker can change; a symlink in its place is refused. The walk goes by descriptors: each
 // entry is opened O_PATH|O_NOFOLLOW relative to its directory's
 // descriptor, checked with fstat and changed through that descriptor, so an
 // entry swapped for a symbolic link, or a directory for a link to /etc,
@@ -27,7 +27,7 @@ const maxDepth = 128
 // outside the tree), and so are device nodes. The top directory is changed
 // last, so a walk that fails is tried again on the next call.
 func ChownTree(path string, uid, gid uint32) error {
-	top, err := OpenRoot(path)
+	top, err := openTop(path)
 	if err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func ChownTree(path string, uid, gid uint32) error {
 // uid:gid, through a descriptor opened O_NOFOLLOW|O_DIRECTORY: a symlink
 // put in its place is refused, never followed to its target.
 func ChownDir(path string, uid, gid uint32) error {
-	d, err := OpenRoot(path)
+	d, err := openTop(path)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/talkide/talkide/internal/agentfs"
@@ -74,7 +75,10 @@ func (s *session) prepareStartLocked() {
 		s.h.log.Warn("transcript refused", "conversation", s.conv, "session", s.meta.SessionID, "category", agentfs.Category(f.transcriptErr))
 	}
 	if s.h.cfg.MCP != nil {
-		f.mcpDoc, f.mcpErr = agentfs.ReadFile(s.meta.WorkDir, ".mcp.json", agentfs.Limits{MaxBytes: mcppolicy.MaxFileBytes, UID: uid})
+		// Beneath the workspace root, the worker's: the working directory
+		// itself is resolved with no symlink either.
+		f.mcpDoc, f.mcpErr = agentfs.ReadFile(filepath.Dir(s.meta.WorkDir), filepath.Base(s.meta.WorkDir)+"/.mcp.json",
+			agentfs.Limits{MaxBytes: mcppolicy.MaxFileBytes, UID: uid})
 		switch {
 		case errors.Is(f.mcpErr, fs.ErrNotExist):
 			f.mcpDoc, f.mcpErr = nil, nil
