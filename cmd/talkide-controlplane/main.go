@@ -67,7 +67,17 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 		APIKey:            os.Getenv("ANTHROPIC_API_KEY"),
 		WorkerURLTemplate: os.Getenv("TALKIDE_WORKER_URL_TEMPLATE"),
 		DevUserToken:      os.Getenv("TALKIDE_DEV_USER_TOKEN"),
+		MetricsToken:      os.Getenv("TALKIDE_METRICS_TOKEN"),
 		Logger:            log,
+	}
+	for name, dst := range map[string]*int{"TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser, "TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversationsPerTenantEnv} {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, fmt.Errorf("%s %q: want a positive integer", name, v)
+			}
+			*dst = n
+		}
 	}
 	if v := os.Getenv("TALKIDE_MASTER_KEYS"); v != "" {
 		keys, err := token.ParseKeys(v)

@@ -75,19 +75,11 @@ func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) 
 		sum := sha256.Sum256([]byte(cfg.AdminToken))
 		a.tokenHash = sum[:]
 	}
-	// The metrics name tenants and their spend: with an admin token they
-	// need it; without one only clients on this host may read them.
+	// The metrics name tenants and their spend: they need the metrics (or
+	// the admin) token, from loopback too, where agents of the one-machine
+	// run are clients as well.
 	metrics := promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
-	mux.Handle("GET /metrics", httpapi.Handle(log, func(w http.ResponseWriter, r *http.Request) error {
-		if a.tokenHash != nil {
-			return a.auth(func(w http.ResponseWriter, r *http.Request) error { metrics.ServeHTTP(w, r); return nil })(w, r)
-		}
-		if !fromLoopback(r) {
-			return httpapi.Forbidden("metrics are served to this host only, or with TALKIDE_ADMIN_TOKEN set", nil)
-		}
-		metrics.ServeHTTP(w, r)
-		return nil
-	}))
+	mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(metrics, cfg.MetricsToken, cfg.AdminToken)))
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(log, a.auth(f)) }
 	mux.Handle("GET /api/admin/budget/users/{user}", h(a.getUser))
 	mux.Handle("PUT /api/admin/budget/users/{user}/limit", h(a.putUserLimit))

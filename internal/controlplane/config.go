@@ -75,6 +75,19 @@ type Config struct {
 	// HealthWorkers are "tenant/env" workers whose readiness /healthz
 	// requires [TALKIDE_HEALTH_WORKERS].
 	HealthWorkers [][2]string
+	// MaxConversationsPerUser caps one user's live conversations in a
+	// tenant-env [TALKIDE_MAX_CONVERSATIONS_PER_USER], and
+	// MaxConversationsPerTenantEnv all users' there
+	// [TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV]: POST /api/conversations
+	// beyond a cap is 429 rate_limited; a deleted conversation stops
+	// counting. Defaults 100 and 1000.
+	MaxConversationsPerUser, MaxConversationsPerTenantEnv int
+	// MetricsToken is the bearer token GET /metrics requires
+	// [TALKIDE_METRICS_TOKEN, at least 16 characters]; AdminToken is
+	// accepted too. With neither set /metrics answers 403: metrics name
+	// tenants and their spend, and on one machine the agents are loopback
+	// clients as well.
+	MetricsToken string
 	// ShutdownGrace is how long requests in flight (gateway calls above
 	// all) may go on after SIGTERM [TALKIDE_SHUTDOWN_GRACE, a Go duration];
 	// calls still running then are cut. Default 20 s (keep it below the
@@ -100,6 +113,18 @@ func (c *Config) Validate() error {
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		errs = append(errs, errors.New("TALKIDE_ADMIN_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
+		errs = append(errs, errors.New("TALKIDE_METRICS_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
+	}
+	if c.MaxConversationsPerUser < 0 || c.MaxConversationsPerTenantEnv < 0 {
+		errs = append(errs, errors.New("TALKIDE_MAX_CONVERSATIONS_PER_USER and TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV: want positive integers"))
+	}
+	if c.MaxConversationsPerUser == 0 {
+		c.MaxConversationsPerUser = 100
+	}
+	if c.MaxConversationsPerTenantEnv == 0 {
+		c.MaxConversationsPerTenantEnv = 1000
 	}
 	if c.Prices == nil {
 		c.Prices = budget.DefaultPrices()

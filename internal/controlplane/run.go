@@ -34,6 +34,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
 	s.mux.Handle("POST /api/conversations", h(s.createConversation))
 	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
+	s.mux.Handle("DELETE /api/conversations/{id}", h(s.deleteConversation))
 	s.mux.Handle("POST /api/conversations/{id}/messages", h(s.sendMessage))
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
 	s.mux.Handle("POST /api/conversations/{id}/permissions/{request_id}", h(s.answerPermission))

@@ -238,7 +238,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 		return httpapi.Forbidden("you have no access to "+req.Tenant+"/"+req.Env, nil)
 	}
 	c := controlstore.Conversation{ID: uuid.NewString(), Tenant: req.Tenant, Env: req.Env, UserID: u.ID, Model: req.Model, CreatedAt: time.Now().UTC()}
-	if err := s.db.CreateConversation(r.Context(), c); err != nil {
+	if err := s.storeConversation(r.Context(), c); err != nil {
 		return err
 	}
 	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
@@ -248,6 +248,9 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model})
 		cancel()
+		if rerr := s.refusedByWorker(c, err); rerr != nil {
+			return rerr
+		}
 		if err != nil {
 			s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
 		} else {

@@ -230,11 +230,12 @@ func (db *DB) CreateConversation(ctx context.Context, c Conversation) error {
 	return nil
 }
 
-// Conversation returns the conversation id, or ErrNotFound.
+// Conversation returns the conversation id, or ErrNotFound (also for a
+// deleted one).
 func (db *DB) Conversation(ctx context.Context, id string) (Conversation, error) {
 	var c Conversation
 	var created int64
-	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, tenant, env, user_id, model, created_at FROM conversations WHERE id = ?`), id).
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT id, tenant, env, user_id, model, created_at FROM conversations WHERE id = ? AND deleted_at IS NULL`), id).
 		Scan(&c.ID, &c.Tenant, &c.Env, &c.UserID, &c.Model, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Conversation{}, ErrNotFound

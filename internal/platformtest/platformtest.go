@@ -49,6 +49,10 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Wrap, when set, wraps the control plane's handler (to observe calls).
 	Wrap func(http.Handler) http.Handler
+	// ControlPlane and Worker, when set, adjust the parts' configurations
+	// before they are validated.
+	ControlPlane func(*controlplane.Config)
+	Worker       func(*worker.Config)
 }
 
 // Platform is a running platform.
@@ -136,6 +140,9 @@ func Start(t testing.TB, opts Options) *Platform {
 		DBPath: p.DBPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: UpstreamAPIKey,
 		WorkerURLTemplate: p.WorkerURL, DevUserToken: p.UserToken, Logger: log.With("component", "controlplane"),
 	}
+	if opts.ControlPlane != nil {
+		opts.ControlPlane(&p.cpCfg)
+	}
 	if err := p.cpCfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +163,9 @@ func Start(t testing.TB, opts Options) *Platform {
 		GatewayBaseURL: cpURL, IdentityToken: identity,
 		SessionDir: p.SessionDir, ClaudeBin: bin, IdleTimeout: opts.IdleTimeout,
 		CLIExtraEnv: opts.CLIExtraEnv, Logger: log.With("component", "worker"),
+	}
+	if opts.Worker != nil {
+		opts.Worker(&p.wCfg)
 	}
 	if err := p.wCfg.Validate(); err != nil {
 		t.Fatal(err)

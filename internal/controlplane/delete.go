@@ -1,0 +1,80 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/workerclient"
+)
+
+// This file holds the conversation quotas and DELETE /api/conversations/{id}.
+
+// storeConversation stores a new conversation within the quotas
+// (Config.MaxConversationsPerUser, MaxConversationsPerTenantEnv); one over
+// them is 429 rate_limited naming the setting.
+func (s *Server) storeConversation(ctx context.Context, c controlstore.Conversation) error {
+	err := s.db.CreateConversationCapped(ctx, c, controlstore.ConversationCaps{
+		PerUser: s.cfg.MaxConversationsPerUser, PerTenantEnv: s.cfg.MaxConversationsPerTenantEnv})
+	var qe *controlstore.QuotaError
+	switch {
+	case errors.As(err, &qe) && qe.Scope == "user":
+		return httpapi.Errorf(http.StatusTooManyRequests, contract.ErrTypeRateLimited,
+			"you have %d conversations in %s/%s, the most allowed (TALKIDE_MAX_CONVERSATIONS_PER_USER); delete one first", qe.Count, c.Tenant, c.Env)
+	case errors.As(err, &qe):
+		return httpapi.Errorf(http.StatusTooManyRequests, contract.ErrTypeRateLimited,
+			"%s/%s has %d conversations, the most allowed (TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV); delete one first", c.Tenant, c.Env, qe.Count)
+	}
+	return err
+}
+
+// refusedByWorker handles the worker's answer err to the creation of c's
+// session: a quota refusal of the worker (its own caps, or no agent uid
+// free on its host) undoes the conversation and becomes the answer; any
+// other outcome returns nil (a worker that is down creates the session on
+// the first message).
+func (s *Server) refusedByWorker(c controlstore.Conversation, err error) error {
+	var we *workerclient.Error
+	if !errors.As(err, &we) || we.Status != http.StatusTooManyRequests {
+		return nil
+	}
+	// Not the request's context: the undo must happen even if the client
+	// has gone.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
+		s.log.Error("undo a conversation the worker refused", "conversation", c.ID, "err", derr)
+	}
+	return workerError(err)
+}
+
+// deleteConversation ends the user's conversation: the worker stops its
+// agent and removes everything it keeps of it (see docs/browser-api.md for
+// the retention rule), then the conversation is marked deleted here: it is
+// 404 from then on and no longer counts for the quotas. The control plane
+// keeps its records (activity, tool calls, usage, ledger). When the worker
+// cannot be reached the answer is 503 and nothing is deleted: retry.
+func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) error {
+	_, c, wc, err := s.ownConversation(r)
+	if err != nil {
+		return err
+	}
+	err = retryUnavailable(r.Context(), func(ctx context.Context) error {
+		_, err := wc.DeleteSession(ctx, c.ID)
+		return err
+	})
+	var we *workerclient.Error
+	if err != nil && !(errors.As(err, &we) && we.Status == http.StatusNotFound) {
+		return workerError(err)
+	}
+	if err := s.db.DeleteConversation(context.WithoutCancel(r.Context()), c.ID, time.Now()); err != nil && !errors.Is(err, controlstore.ErrNotFound) {
+		return err
+	}
+	s.log.Info("conversation deleted", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "user", c.UserID)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
