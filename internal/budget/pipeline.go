@@ -11,41 +11,6 @@ import (
 	"github.com/talkide/talkide/internal/token"
 )
 
-// Pipelined pre-call checks.
-//
-// A durable reservation costs a database commit (about 0.3 ms on SQLite,
-// 1 ms or more on PostgreSQL). PreCallCheckAsync takes that commit off the
-// gateway's critical path when it can predict its outcome: it starts the
-// commit and returns at once with a Ticket saying "predicted", so the
-// gateway forwards the call while the reservation commits, and holds the
-// upstream's answer until it has (the upstream's time to first byte is far
-// longer). The database stays the only judge: when it refuses a predicted
-// call after all (another replica spent the user's budget in between), the
-// gateway cancels the upstream call and answers the refusal, and nothing is
-// booked; the ledger never shows admitted spend past a limit.
-//
-// The prediction is made from a view of each active user kept in memory:
-// the limit and committed spend (spent + reserved) of the last database
-// answer, plus the calls admitted since then that the database has not
-// answered yet. A call is predicted only with room to spare (its worst case
-// fits twice into what is left), with fair-use counts (calls still
-// committing included) under three quarters of their limits, and no refusal
-// seen recently; anything else (a user near a limit, a view older than
-// viewTTL, a call through another tenant than the view's, an error) takes
-// the exact path and waits for the database before forwarding. A call of a
-// user the service has no view of loads one with a read (no write, no
-// lock). Reservations are queued in the order they were decided and the
-// batch leader applies the answers in commit order, so a call this process
-// predicted is never refused because of this process's later calls.
-//
-// What it trades: a call forwarded on a prediction is on its way upstream
-// for a few milliseconds (CommitDelay plus the commit) before its
-// reservation is on disk. Should the control plane die in that window, the
-// call is cut with the process, and its reservation, with whatever the
-// upstream billed for it, is not booked. Config.NoPrediction (the control
-// plane's TALKIDE_BUDGET_PREDICT=off) forwards every call only after its
-// reservation is durable, at the cost of that commit on every call.
-
 // CommitDelay is how long a predicted reservation waits, by default
 // (Config.CommitDelay), before its commit starts, unless Ticket.Begin
 // starts it sooner: long enough for the gateway to have forwarded the call
@@ -113,8 +78,8 @@ func (t *Ticket) Result() (Reservation, error) {
 }
 
 // PreCallCheckAsync is PreCallCheck without waiting for the database when
-// the outcome can be predicted (see the package's "Pipelined pre-call
-// checks"): it returns a Ticket with Predicted set, whose reservation
+// the outcome can be predicted (see "Pipelined pre-call checks" in the
+// package doc): it returns a Ticket with Predicted set, whose reservation
 // commits on another goroutine, even if ctx ends (the caller is about to
 // spend). Otherwise it runs PreCallCheck on the caller's goroutine, with
 // ctx, and returns the ended ticket.
@@ -179,7 +144,7 @@ func (s *Service) PreCallCheckAsync(ctx context.Context, c Call) *Ticket {
 type userKey struct{ user, period string }
 
 // userView is what the service knows of one user's budget in a period (see
-// "Pipelined pre-call checks"). Guarded by mu.
+// "Pipelined pre-call checks" in the package doc). Guarded by mu.
 type userView struct {
 	mu sync.Mutex
 	// limit and committed (spent + reserved) are from the last database
