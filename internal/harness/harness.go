@@ -155,6 +155,9 @@ func (c *Config) setDefaults() error {
 	default:
 		return fmt.Errorf("harness config: permission policy %q: want allow or ask", c.PermissionPolicy)
 	}
+	if c.PermissionPolicy == PolicyAsk && c.PermissionMode == "bypassPermissions" {
+		return errors.New("harness config: permission mode bypassPermissions would never ask: it contradicts the ask policy")
+	}
 	if c.PermissionTimeout <= 0 {
 		c.PermissionTimeout = 5 * time.Minute
 	}

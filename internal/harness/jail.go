@@ -31,10 +31,17 @@ const (
 // not consider safe is asked about, and the harness answers per
 // Config.PermissionPolicy), hooks only from here (none: an agent-written
 // hook would run commands nobody approved), and bypassPermissions mode is
-// refused whatever a settings file or --permission-mode says. Checked with
-// Claude Code 2.1.332 by TestAgentCannotLoosenThePermissionPolicy.
-var managedSettings = []byte(`{"permissions":{"disableBypassPermissionsMode":"disable"},` +
-	`"allowManagedPermissionRulesOnly":true,"allowManagedHooksOnly":true}` + "\n")
+// refused whatever a settings file says, unless the operator chose it
+// (TALKIDE_PERMISSION_MODE=bypassPermissions, which the "ask" policy
+// refuses). Checked with Claude Code 2.1.332 by
+// TestAgentCannotLoosenThePermissionPolicy.
+func managedSettings(cfg Config) []byte {
+	bypass := `"permissions":{"disableBypassPermissionsMode":"disable"},`
+	if cfg.PermissionMode == "bypassPermissions" {
+		bypass = ""
+	}
+	return []byte(`{` + bypass + `"allowManagedPermissionRulesOnly":true,"allowManagedHooksOnly":true}` + "\n")
+}
 
 // limitPoll is how often a running jail's limit counters are read.
 const limitPoll = time.Second
@@ -65,7 +72,7 @@ func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.R
 		}
 		return cmd, nil, nil
 	}
-	files := []sandbox.File{{Path: managedSettingsPath, Data: managedSettings}}
+	files := []sandbox.File{{Path: managedSettingsPath, Data: managedSettings(cfg)}}
 	if len(mcpConfig) > 0 {
 		files = append(files, sandbox.File{Path: jailMCPConfigPath, Data: mcpConfig})
 		args = append(args, "--mcp-config", jailMCPConfigPath)
