@@ -289,10 +289,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.lowered > 0 {
 		w.Header().Set(HeaderMaxTokensLowered, strconv.FormatInt(c.lowered, 10))
 	}
+	defer func() {
+		if c.unwatch != nil {
+			c.unwatch() // also when the reverse proxy aborts the handler
+		}
+	}()
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
-	if c.unwatch != nil {
-		c.unwatch()
-	}
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID string, f *refusal) {
