@@ -1,0 +1,67 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWorkerCrashEndsDetachedAgents is case C1 for a crash of the worker
+// itself: an agent detaches processes (own session, cleared environment,
+// nohup, double fork), the worker process is SIGKILLed, and every one of
+// them ends with it: the jail's init dies with its parent (bwrap's
+// --die-with-parent), which ends the agent's PID namespace. The restarted
+// worker serves the conversation again.
+func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
+	p := start(t)
+	defer p.stop()
+	var c struct{ ID string }
+	if st, err := p.call("POST", "/api/conversations", map[string]string{"tenant": "demo", "env": "dev"}, &c); err != nil || st != 201 {
+		t.Fatalf("create conversation: %d %v", st, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := p.watch(ctx, c.ID)
+	cmd := "setsid sleep 3711 >/dev/null 2>&1 & setsid env -i sleep 3712 >/dev/null 2>&1 & " +
+		"nohup sleep 3713 >/dev/null 2>&1 & (sh -c 'sleep 3714 >/dev/null 2>&1 &' &); echo detached"
+	if err := p.send(c.ID, "m1", "please run `"+cmd+"`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.turnEnd("m1", 120*time.Second); !ok {
+		t.Fatal("first turn never ended")
+	}
+	if n := len(sleepers("sleep 371")); n != 4 {
+		t.Fatalf("detached processes running: %d, want 4", n)
+	}
+	p.kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(sleepers("sleep 371")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("processes outlived the crashed worker: %v", sleepers("sleep 371"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.waitReady()
+	if err := p.send(c.ID, "m2", "please run `echo after-crash`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.turnEnd("m2", 120*time.Second); !ok {
+		t.Fatal("the turn after the crash never ended")
+	}
+}
+
+// sleepers returns the host's processes whose command line starts with
+// prefix.
+func sleepers(prefix string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.HasPrefix(strings.ReplaceAll(string(b), "\x00", " "), prefix) {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
