@@ -24,9 +24,13 @@ import (
 // DatabaseURL is set, else SQLite at DBPath. It migrates the schema.
 func OpenDB(ctx context.Context, cfg Config) (*controlstore.DB, error) {
 	if cfg.DatabaseURL != "" {
-		return controlstore.OpenPostgres(ctx, cfg.DatabaseURL, 0)
+		return controlstore.OpenPostgres(ctx, cfg.DatabaseURL, dbMaxConns)
 	}
-	return controlstore.OpenSQLite(ctx, cfg.DBPath)
+	db, err := controlstore.OpenSQLite(ctx, cfg.DBPath)
+	if err == nil {
+		db.SQL.SetMaxOpenConns(dbMaxConns) // its files fit the reserve (limits.go)
+	}
+	return db, err
 }
 
 // spendParts are the gateway-proxy, the UserBudgetService and the metrics

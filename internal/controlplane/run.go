@@ -83,6 +83,10 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 			return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 		}
 	}
+	fds := currentFDBudget()
+	s.maxStreams = int64(fds.MaxStreams)
+	ln = httpapi.LimitListener(ln, fds.MaxConns, "this control plane is at its connection limit; retry shortly")
+	cfg.Logger.Info("open-files budget", "limit", fds.Limit, "reserved", fds.Reserved, "max_connections", fds.MaxConns, "max_browser_streams", fds.MaxStreams)
 	// Check the model upstream now, so a wrong URL or a missing route shows
 	// in the log at start, not as the first turn's failure; readiness
 	// (/healthz) keeps checking.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +44,10 @@ type Server struct {
 	// upstream checks that the model upstream resolves and answers, for
 	// readiness and at start.
 	upstream *upstreamCheck
+	// maxStreams caps browser streams (limits.go); 0 is no cap. streams
+	// counts those open.
+	maxStreams int64
+	streams    atomic.Int64
 }
 
 // BeginShutdown turns the control plane unready and ends its browser
@@ -391,6 +396,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	if s.shuttingDown() {
 		return errShuttingDown()
 	}
+	if s.maxStreams > 0 {
+		if s.streams.Add(1) > s.maxStreams {
+			s.streams.Add(-1)
+			return errStreamLimit(s.maxStreams)
+		}
+		defer s.streams.Add(-1)
+	}
 	last := r.Header.Get(contract.HeaderLastEventID)
 	if last == "" {
 		last = r.URL.Query().Get("after")
@@ -404,9 +416,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	// proper HTTP error.
 	es, err := wc.Events(ctx, c.ID, after)
 	var we *workerclient.Error
-	if errors.As(err, &we) && we.Status == http.StatusNotFound {
+	switch {
+	case errors.As(err, &we) && we.Status == http.StatusNotFound:
 		es, err = nil, nil // no session yet: wait for it below
-	} else if err != nil && !errors.Is(err, workerclient.ErrUnavailable) {
+	case err != nil && localExhaustion(err):
+		// Out of open files here: a 200 would look healthy with nothing
+		// behind it.
+		return errWorkerLocal(err)
+	case err != nil && !errors.Is(err, workerclient.ErrUnavailable):
 		return workerError(err)
 	}
 	sw := sse.NewWriter(w)
@@ -421,6 +438,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		for ctx.Err() == nil {
 			if es == nil {
 				es, err = wc.Events(ctx, c.ID, after)
+				if err != nil && localExhaustion(err) {
+					// End the browser's stream rather than keep it open
+					// with nothing behind it: it reconnects, and is
+					// answered 503 while this process is out of files.
+					s.log.Warn("cannot reconnect to the worker: out of open files; ending the browser stream", "conversation", c.ID, "err", err)
+					return
+				}
 				if err != nil {
 					select {
 					case <-ctx.Done():

@@ -129,10 +129,16 @@ const DefaultMaxLine = 16 << 20
 // ErrLineTooLong is returned by Next when a line exceeds the limit.
 var ErrLineTooLong = errors.New("sse: line too long")
 
-// NewReader returns a Reader of r with lines bounded by DefaultMaxLine.
+// NewReader returns a Reader of r with lines bounded by DefaultMaxLine. Its
+// read buffer is 4 KiB (a line may be longer: lines are collected apart
+// from it): a control plane holds one Reader per browser stream, thousands
+// at once, so the buffer is most of a stream's memory.
 func NewReader(r io.Reader) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, 64<<10), maxLine: DefaultMaxLine}
+	return &Reader{br: bufio.NewReaderSize(r, readBufferSize), maxLine: DefaultMaxLine}
 }
+
+// readBufferSize is a Reader's read buffer.
+const readBufferSize = 4 << 10
 
 // readLine returns the next line without its terminator (LF, CRLF or CR).
 func (r *Reader) readLine() ([]byte, error) {

@@ -196,7 +196,9 @@ func (c *Client) Events(ctx context.Context, conv string, after int64) (*EventSt
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := c.stream.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		// %w twice: callers tell this process's own exhaustion (EMFILE)
+		// from a worker that is down.
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
