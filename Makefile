@@ -70,3 +70,9 @@ chaos: tools
 .PHONY: bench-gateway
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
+
+## bench-jail: what agent containment adds to starting an agent process
+## (plain vs jailed, alternating; needs root and bwrap)
+.PHONY: bench-jail
+bench-jail: bwrap
+	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)

@@ -247,10 +247,12 @@ func (c *Cell) Start() error {
 	c.block.Close()
 	c.block = nil
 	if err != nil {
+		// bwrap ended before it read the block fd: it could not build the
+		// jail (its stderr, the caller's, says why).
 		c.Kill()
-		_ = c.Cmd.Wait()
+		werr := c.Cmd.Wait()
 		c.Close()
-		return fmt.Errorf("jail: release the program: %w", err)
+		return fmt.Errorf("jail: bwrap ended before starting the program (%v); its error output says why", werr)
 	}
 	return nil
 }
