@@ -4,13 +4,18 @@
 //
 // Usage:
 //
-//	talkide-devupstream [-addr 127.0.0.1:8090] [-admin] [-v]
+//	talkide-devupstream [-addr 127.0.0.1:8090] [-admin] [-no-auth] [-v]
 //
 // Environment:
 //
 //	TALKIDE_DEVUPSTREAM_ADDR     listen address (default 127.0.0.1:8090; -addr wins)
-//	TALKIDE_DEVUPSTREAM_API_KEY  credential required on /v1/ calls (empty: accept any)
+//	TALKIDE_DEVUPSTREAM_API_KEY  credential required on /v1/ calls; required unless -no-auth
 //	TALKIDE_DEVUPSTREAM_ADMIN    "1" or "true" serves the /_dev/ admin API (like -admin)
+//
+// Without a key it refuses to start: anything on the host (an agent too)
+// could otherwise call it directly, past the gateway and the budget. The
+// control plane sends the key as its ANTHROPIC_API_KEY. -no-auth accepts
+// any caller, for a machine where nothing untrusted runs.
 //
 // It prints "listening on http://<addr>" to stdout once it accepts
 // connections (with port 0 this is the chosen port) and logs to stderr.
@@ -39,6 +44,7 @@ type options struct {
 	addr   string
 	apiKey string
 	admin  bool
+	noAuth bool
 	debug  bool
 }
 
@@ -72,12 +78,19 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs := flag.NewFlagSet("talkide-devupstream", flag.ContinueOnError)
 	fs.StringVar(&opts.addr, "addr", opts.addr, "listen address (env TALKIDE_DEVUPSTREAM_ADDR)")
 	fs.BoolVar(&opts.admin, "admin", opts.admin, "serve the /_dev/ admin API (env TALKIDE_DEVUPSTREAM_ADMIN)")
+	fs.BoolVar(&opts.noAuth, "no-auth", false, "accept /v1/ calls without the key (anyone on the host may then use it)")
 	fs.BoolVar(&opts.debug, "v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if opts.apiKey == "" && !opts.noAuth {
+		return options{}, errors.New("set TALKIDE_DEVUPSTREAM_API_KEY (the control plane's ANTHROPIC_API_KEY), or pass -no-auth to let any process on this host call it past the gateway and the budget")
+	}
+	if opts.apiKey != "" && opts.noAuth {
+		return options{}, errors.New("-no-auth with TALKIDE_DEVUPSTREAM_API_KEY set: choose one")
 	}
 	return opts, nil
 }

@@ -151,8 +151,22 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cpURL := "http://" + cfg.HTTPAddr
 
+	// /metrics of the control plane and the worker needs this token: the
+	// agents are loopback clients too. The user's own TALKIDE_METRICS_TOKEN
+	// wins; else it is generated and kept private in the state dir.
+	metricsNote := "set by you (TALKIDE_METRICS_TOKEN)"
+	metricsToken := userSetting(cfg.ExtraEnv, "TALKIDE_METRICS_TOKEN")
+	if metricsToken == "" {
+		path := filepath.Join(cfg.StateDir, "metrics-token")
+		if metricsToken, err = loadOrCreateSecret(path); err != nil {
+			return err
+		}
+		metricsNote = path
+	}
+
 	var procs []*proc
 	upstream, upstreamNote := cfg.UpstreamURL, cfg.UpstreamURL+" (ANTHROPIC_API_KEY is set)"
+	upstreamKey := cfg.APIKey
 	if cfg.APIKey == "" {
 		devAddr, err := freeAddr()
 		if err != nil {
@@ -160,8 +174,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		upstream = "http://" + devAddr
 		upstreamNote = "the development upstream at " + upstream + " (set ANTHROPIC_API_KEY to use the real API)"
+		// The development upstream answers only the control plane: a key of
+		// this run, held by it and the control plane (as its upstream API
+		// key) and by nobody else, so an agent on this host cannot call it
+		// past the gateway and the budget. Never written to disk.
+		if upstreamKey, err = newSecret("sk-dev-"); err != nil {
+			return err
+		}
 		procs = append(procs, &proc{name: "devupstream", bin: filepath.Join(cfg.BinDir, "talkide-devupstream"),
-			env: []string{"TALKIDE_DEVUPSTREAM_ADDR=" + devAddr}})
+			env: []string{"TALKIDE_DEVUPSTREAM_ADDR=" + devAddr, "TALKIDE_DEVUPSTREAM_API_KEY=" + upstreamKey}})
 	}
 	cpEnv := []string{
 		"TALKIDE_HTTP_ADDR=" + cfg.HTTPAddr,
@@ -172,9 +193,8 @@ func Run(ctx context.Context, cfg Config) error {
 		"TALKIDE_DEV_USER_TOKEN=" + userToken,
 		"TALKIDE_DEV_GRANTS=" + cfg.Tenant + "/" + cfg.Env,
 		"TALKIDE_HEALTH_WORKERS=" + cfg.Tenant + "/" + cfg.Env,
-	}
-	if cfg.APIKey != "" {
-		cpEnv = append(cpEnv, "ANTHROPIC_API_KEY="+cfg.APIKey) // only the control plane holds the key
+		"TALKIDE_METRICS_TOKEN=" + metricsToken,
+		"ANTHROPIC_API_KEY=" + upstreamKey, // only the control plane holds the key
 	}
 	procs = append(procs, &proc{name: "controlplane", bin: filepath.Join(cfg.BinDir, "talkide-controlplane"), env: append(slices.Clone(cfg.ExtraEnv), cpEnv...)})
 	procs = append(procs, &proc{name: "worker", bin: filepath.Join(cfg.BinDir, "talkide-worker"), env: append(slices.Clone(cfg.ExtraEnv),
@@ -186,6 +206,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"TALKIDE_WORKER_IDENTITY_TOKEN="+identity,
 		"TALKIDE_SESSION_DIR="+filepath.Join(cfg.StateDir, "sessions", cfg.Tenant+"-"+cfg.Env),
 		"TALKIDE_CLI_TMP_DIR="+filepath.Join(cfg.StateDir, "cli-tmp"),
+		"TALKIDE_METRICS_TOKEN="+metricsToken,
 	)})
 	for _, p := range procs {
 		if _, err := os.Stat(p.bin); err != nil {
@@ -215,6 +236,7 @@ TalkIDE is running.
   Tenant / env:       %[3]s / %[4]s
   Model upstream:     %[5]s
   State and logs:     %[6]s
+  Metrics token:      %[7]s   (GET /metrics: Authorization: Bearer <token>)
 
 Try it from a shell:
   T=%[2]s
@@ -224,7 +246,7 @@ Try it from a shell:
   curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
 
 Stop with Ctrl-C.
-`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir)
+`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote)
 	<-done
 	return nil
 }
@@ -255,12 +277,31 @@ func loadOrCreateSecret(path string) (string, error) {
 	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
 		return strings.TrimSpace(string(b)), nil
 	}
+	s, err := newSecret("tk_")
+	if err != nil {
+		return "", err
+	}
+	return s, sessionstore.WriteFileAtomic(path, []byte(s+"\n"), 0o600)
+}
+
+// newSecret returns prefix and 24 random bytes, base64url.
+func newSecret(prefix string) (string, error) {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
 		return "", err
 	}
-	s := "tk_" + base64.RawURLEncoding.EncodeToString(b)
-	return s, sessionstore.WriteFileAtomic(path, []byte(s+"\n"), 0o600)
+	return prefix + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// userSetting returns the value of name among the user's NAME=value
+// settings, "" when absent.
+func userSetting(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func issueIdentity(ctx context.Context, dbPath string, master token.MasterKey, tenant, env string) (string, error) {
