@@ -119,37 +119,38 @@ func ScanRequestHead(b []byte) (RequestHead, error) {
 		return h, s.fail("want a JSON object")
 	}
 	var seen [6]bool
-	err := s.members(pricedMembers, seen[:], func(k int) error {
-		switch pricedMembers[k] {
-		case "model":
-			return s.model(&h)
-		case "max_tokens":
+	more, err := s.open()
+	for more && err == nil {
+		var k int
+		if k, err = s.name(pricedMembers, seen[:]); err != nil {
+			break
+		}
+		switch k {
+		case 0: // model
+			err = s.model(&h)
+		case 1: // max_tokens
 			start := s.i
-			n, null, err := s.integer("max_tokens")
-			if err != nil {
-				return err
-			}
-			h.MaxTokens = n
-			if !null {
+			var null bool
+			if h.MaxTokens, null, err = s.integer("max_tokens"); err == nil && !null {
 				h.maxTokensAt = [2]int{start, s.i}
 			}
-		case "stream":
-			return s.stream(&h)
-		case "thinking":
-			return s.thinking(&h)
-		case "tools":
-			return s.tools(&h)
-		case "mcp_servers":
-			return s.array("mcp_servers", func() error {
-				h.MCPServers++
-				if !s.skip(1) {
-					return s.fail("mcp_servers: bad value")
-				}
-				return nil
-			})
+		case 2: // stream
+			err = s.stream(&h)
+		case 3: // thinking
+			err = s.thinking(&h)
+		case 4: // tools
+			err = s.tools(&h)
+		case 5: // mcp_servers
+			err = s.mcpServers(&h)
+		default:
+			if !s.skip(1) {
+				err = s.fail("bad value")
+			}
 		}
-		return nil
-	})
+		if err == nil {
+			more, err = s.next()
+		}
+	}
 	if err != nil {
 		return h, err
 	}
@@ -160,56 +161,54 @@ func ScanRequestHead(b []byte) (RequestHead, error) {
 	return h, nil
 }
 
-// members walks the object at s.i. For a member named exactly names[k] it
-// calls value(k) to consume the value (at most once per name: seen, one
-// per name, records it); other members are skipped. A name that decodes or
-// case-folds to one of names without being spelled exactly is refused (see
-// ScanRequestHead).
-func (s *scanner) members(names []string, seen []bool, value func(k int) error) error {
+// open consumes the '{' of an object; more is false when it is empty.
+func (s *scanner) open() (more bool, err error) {
 	s.ws()
 	if !s.eat('{') {
-		return s.fail("want an object")
+		return false, s.fail("want an object")
 	}
 	s.ws()
+	return !s.eat('}'), nil
+}
+
+// next consumes what follows a member's value: more is true after a ',',
+// false after the object's '}'.
+func (s *scanner) next() (more bool, err error) {
+	s.ws()
+	if s.eat(',') {
+		return true, nil
+	}
 	if s.eat('}') {
-		return nil
+		return false, nil
 	}
-	for {
-		s.ws()
-		at := s.i
-		key, ok := s.str()
-		if !ok {
-			return s.fail("want a member name")
-		}
-		s.ws()
-		if !s.eat(':') {
-			return s.fail("want ':'")
-		}
-		s.ws()
-		k, err := s.match(names, key, at)
-		if err != nil {
-			return err
-		}
-		if k >= 0 {
-			if seen[k] {
-				return s.ambiguous(at, fmt.Sprintf("%q given twice", names[k]))
-			}
-			seen[k] = true
-			if err := value(k); err != nil {
-				return err
-			}
-		} else if !s.skip(1) {
-			return s.fail("bad value")
-		}
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if s.eat('}') {
-			return nil
-		}
-		return s.fail("want ',' or '}'")
+	return false, s.fail("want ',' or '}'")
+}
+
+// name consumes a member name and its ':' and returns the name's index in
+// names (recording it in seen, one flag per name), or -1 for another name.
+// A name given twice, or one that decodes or case-folds to one of names
+// without being spelled exactly, is refused (see ScanRequestHead).
+func (s *scanner) name(names []string, seen []bool) (int, error) {
+	s.ws()
+	at := s.i
+	key, ok := s.str()
+	if !ok {
+		return -1, s.fail("want a member name")
 	}
+	s.ws()
+	if !s.eat(':') {
+		return -1, s.fail("want ':'")
+	}
+	s.ws()
+	k, err := s.match(names, key, at)
+	if err != nil || k < 0 {
+		return k, err
+	}
+	if seen[k] {
+		return -1, s.ambiguous(at, fmt.Sprintf("%q given twice", names[k]))
+	}
+	seen[k] = true
+	return k, nil
 }
 
 // match returns the index in names of key (a raw member name with its
@@ -217,88 +216,153 @@ func (s *scanner) members(names []string, seen []bool, value func(k int) error) 
 // for a name that other parsers would read as one of them.
 func (s *scanner) match(names []string, key []byte, at int) (int, error) {
 	raw := key[1 : len(key)-1]
-	for k, n := range names {
-		if string(raw) == n {
-			return k, nil
+	plain := true // ASCII without escapes: read the same by every parser
+	for _, c := range raw {
+		if c == '\\' || c >= utf8.RuneSelf {
+			plain = false
+			break
 		}
 	}
-	name := string(raw)
-	if bytes.IndexByte(raw, '\\') >= 0 {
-		if err := json.Unmarshal(key, &name); err != nil {
-			return -1, s.failAt(at, "member name: "+err.Error())
+	if plain {
+		for k, n := range names {
+			if string(raw) == n {
+				return k, nil
+			}
 		}
+		for _, n := range names {
+			if asciiEqualFold(raw, n) {
+				return -1, s.ambiguous(at, fmt.Sprintf("member %s is read as %q by common JSON parsers; spell it exactly", key, n))
+			}
+		}
+		return -1, nil
+	}
+	var name string
+	if err := json.Unmarshal(key, &name); err != nil {
+		return -1, s.failAt(at, "member name: "+err.Error())
 	}
 	for _, n := range names {
-		if strings.EqualFold(name, n) {
+		if strings.EqualFold(name, n) { // exact included: written with escapes
 			return -1, s.ambiguous(at, fmt.Sprintf("member %s is read as %q by common JSON parsers; spell it exactly", key, n))
 		}
 	}
 	return -1, nil
 }
 
+// asciiEqualFold is strings.EqualFold for an ASCII b.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		x, y := b[i], s[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *scanner) ambiguous(at int, msg string) error {
 	return fmt.Errorf("%w: %s at byte %d", ErrAmbiguousRequest, msg, at)
 }
 
-// array walks the array (or null) at s.i, calling elem with s.i at each
-// element; elem consumes it.
-func (s *scanner) array(name string, elem func() error) error {
+// openArray consumes the '[' of an array (or a null, read as empty); more
+// is false when it is empty.
+func (s *scanner) openArray(name string) (more bool, err error) {
 	if s.peekNull() {
-		return nil
+		return false, nil
 	}
 	if !s.eat('[') {
-		return s.fail(name + ": want an array")
+		return false, s.fail(name + ": want an array")
 	}
 	s.ws()
+	return !s.eat(']'), nil
+}
+
+// nextElem consumes what follows an array element: more is true after a
+// ',', false after the array's ']'.
+func (s *scanner) nextElem(name string) (more bool, err error) {
+	s.ws()
+	if s.eat(',') {
+		return true, nil
+	}
 	if s.eat(']') {
-		return nil
+		return false, nil
 	}
-	for {
+	return false, s.fail(name + ": want ',' or ']'")
+}
+
+func (s *scanner) mcpServers(h *RequestHead) error {
+	more, err := s.openArray("mcp_servers")
+	for more && err == nil {
 		s.ws()
-		if err := elem(); err != nil {
-			return err
+		h.MCPServers++
+		if !s.skip(1) {
+			return s.fail("mcp_servers: bad value")
 		}
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if s.eat(']') {
-			return nil
-		}
-		return s.fail(name + ": want ',' or ']'")
+		more, err = s.nextElem("mcp_servers")
 	}
+	return err
 }
 
 func (s *scanner) tools(h *RequestHead) error {
-	return s.array("tools", func() error {
-		if s.peekNull() {
-			return nil // read as a tool without a type by encoding/json; the upstream refuses it
+	more, err := s.openArray("tools")
+	for more && err == nil {
+		s.ws()
+		if err = s.tool(h); err != nil {
+			return err
 		}
-		var t ServerTool
-		var seen [3]bool
-		err := s.members(toolMembers, seen[:], func(k int) error {
-			var err error
-			switch toolMembers[k] {
-			case "type":
-				t.Type, err = s.string("tools[].type")
-			case "max_uses":
-				t.MaxUses, _, err = s.integer("tools[].max_uses")
-			case "max_content_tokens":
-				t.MaxContentTokens, _, err = s.integer("tools[].max_content_tokens")
+		more, err = s.nextElem("tools")
+	}
+	return err
+}
+
+// tool consumes one element of tools and records it when it is a server
+// tool.
+func (s *scanner) tool(h *RequestHead) error {
+	if s.peekNull() {
+		return nil // read as a tool without a type by encoding/json; the upstream refuses it
+	}
+	var t ServerTool
+	var seen [3]bool
+	more, err := s.open()
+	for more && err == nil {
+		var k int
+		if k, err = s.name(toolMembers, seen[:]); err != nil {
+			return err
+		}
+		switch k {
+		case 0:
+			t.Type, err = s.string("tools[].type")
+		case 1:
+			t.MaxUses, _, err = s.integer("tools[].max_uses")
+		case 2:
+			t.MaxContentTokens, _, err = s.integer("tools[].max_content_tokens")
+		default:
+			if !s.skip(1) {
+				err = s.fail("bad value")
 			}
-			return err
-		})
-		if err != nil {
-			return err
 		}
-		if t.MaxUses < 0 || t.MaxContentTokens < 0 {
-			return s.fail("tools[]: max_uses and max_content_tokens must not be negative")
+		if err == nil {
+			more, err = s.next()
 		}
-		if !IsClientTool(t.Type) {
-			h.ServerTools = append(h.ServerTools, t)
-		}
-		return nil
-	})
+	}
+	if err != nil {
+		return err
+	}
+	if t.MaxUses < 0 || t.MaxContentTokens < 0 {
+		return s.fail("tools[]: max_uses and max_content_tokens must not be negative")
+	}
+	if !IsClientTool(t.Type) {
+		h.ServerTools = append(h.ServerTools, t)
+	}
+	return nil
 }
 
 func (s *scanner) thinking(h *RequestHead) error {
@@ -306,11 +370,22 @@ func (s *scanner) thinking(h *RequestHead) error {
 		return nil
 	}
 	var seen [1]bool
-	return s.members(thinkingMembers, seen[:], func(int) error {
-		var err error
-		h.ThinkingBudget, _, err = s.integer("thinking.budget_tokens")
-		return err
-	})
+	more, err := s.open()
+	for more && err == nil {
+		var k int
+		if k, err = s.name(thinkingMembers, seen[:]); err != nil {
+			return err
+		}
+		if k == 0 {
+			h.ThinkingBudget, _, err = s.integer("thinking.budget_tokens")
+		} else if !s.skip(1) {
+			err = s.fail("bad value")
+		}
+		if err == nil {
+			more, err = s.next()
+		}
+	}
+	return err
 }
 
 type scanner struct {
