@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // UIDRange is a block of numeric user ids, one per conversation, so that
@@ -367,6 +365,9 @@ func ProcessesOf(uid uint32) []int {
 		if err != nil {
 			continue
 		}
+		if pid == os.Getpid() {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
 		if err != nil {
 			continue
@@ -394,10 +395,10 @@ func ProcessesOf(uid uint32) []int {
 // KillUID ends every process running as uid, however it detached (its own
 // session, process group or cleared environment), and returns once none is
 // left, or an error naming the survivors. As root it signals them all at
-// once with kill(-1, SIGKILL) from a thread running as uid, which reaches
+// once with kill(-1, SIGKILL) from a process running as uid, which reaches
 // exactly the processes of that uid and, being one kernel operation, leaves
-// a forking process no gap to escape through; it then repeats, and falls
-// back to signalling each pid /proc lists. uid 0 is refused.
+// a forking process no gap to escape through; it then repeats, and also
+// signals each pid /proc lists. uid 0 is refused.
 func KillUID(uid uint32) error {
 	if uid == 0 {
 		return errors.New("kill processes of uid 0: refused")
@@ -421,26 +422,26 @@ func KillUID(uid uint32) error {
 	return fmt.Errorf("processes of uid %d survive SIGKILL: %v", uid, pids)
 }
 
-// killAllAs sends SIGKILL to every process of uid: kill(-1) on a locked OS
-// thread whose credentials (only that thread's: a raw setresuid, not Go's
-// process-wide syscall.Setresuid) are uid. The thread cannot become root
-// again and is never unlocked, so the runtime ends it with the goroutine.
+// killAllAs sends SIGKILL to every process of uid: kill(-1) run by a
+// short-lived child process with uid's credentials (kill(1) of util-linux
+// or procps, else the shell's builtin), which reaches exactly the
+// processes that uid may signal: its own. (Switching a thread of the
+// worker to uid instead is unsafe: Go may run that goroutine on the main
+// thread, whose credentials /proc shows for the whole worker, and cannot
+// retire it.)
 func killAllAs(uid uint32) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
-			errc <- fmt.Errorf("setresuid %d: %w", uid, e)
-			return
-		}
-		minusOne := -1
-		if _, _, e := unix.RawSyscall(unix.SYS_KILL, uintptr(minusOne), uintptr(unix.SIGKILL), 0); e != 0 && e != unix.ESRCH {
-			errc <- fmt.Errorf("kill(-1) as uid %d: %w", uid, e)
-			return
-		}
-		errc <- nil
-	}()
-	return <-errc
+	name, args := "/bin/sh", []string{"-c", "kill -KILL -1"}
+	if p, err := exec.LookPath("kill"); err == nil {
+		name, args = p, []string{"-KILL", "-1"}
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
+	// kill(-1) from a process that signalled at least one other process
+	// succeeds; with nothing left to signal it fails (ESRCH): both are fine.
+	_ = cmd.Run()
+	return nil
 }
 
 // RemoveOwnedBy removes, under dir, every entry uid owns (a directory of

@@ -213,3 +213,17 @@ func TestRemoveOwnedByDoesNotFollowLinks(t *testing.T) {
 		t.Errorf("the link's target was touched: %v", err)
 	}
 }
+
+// TestProcessesOfNeverListsTheCaller: KillUID signals what ProcessesOf
+// lists, so the caller must never be among them (it once could be, when
+// the caller's main thread had taken the uid's credentials).
+func TestProcessesOfNeverListsTheCaller(t *testing.T) {
+	for _, pid := range ProcessesOf(uint32(os.Geteuid())) {
+		if pid == os.Getpid() {
+			t.Fatal("ProcessesOf lists the calling process")
+		}
+	}
+	if err := KillUID(0); err == nil {
+		t.Error("KillUID(0) must be refused")
+	}
+}
