@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -32,6 +33,8 @@ type Cgroups struct {
 	// v1 maps a legacy controller (memory, pids, cpu) to the worker's
 	// directory of agent groups in that controller's hierarchy.
 	v1 map[string]string
+	// seq numbers the groups New makes.
+	seq atomic.Uint64
 }
 
 // Controllers the agent groups use.
@@ -172,12 +175,15 @@ type Cgroup struct {
 	v2   bool
 }
 
-// New creates (or empties and reuses) the group of conv with limits l. The
-// group is empty: Add puts processes in it.
+// New creates a group for one process of conv with limits l, named
+// <conv>.<n> with n unique in c: a process of conv that is still being
+// reaped keeps its own group, so its clean-up never touches the next
+// one's. The group is empty: Add puts processes in it.
 func (c *Cgroups) New(conv string, l Limits) (*Cgroup, error) {
 	if conv == "" || strings.ContainsAny(conv, "/\x00") || conv == "." || conv == ".." {
 		return nil, fmt.Errorf("cgroup of %q: want one path element", conv)
 	}
+	conv = conv + "." + strconv.FormatUint(c.seq.Add(1), 10)
 	g := &Cgroup{dirs: map[string]string{}, v2: c.v2 != ""}
 	if g.v2 {
 		g.dirs[""] = filepath.Join(c.v2, conv)

@@ -201,3 +201,39 @@ func TestJailKillOrphans(t *testing.T) {
 	}
 	_ = c.Cmd.Wait()
 }
+
+// TestJailCleanupLeavesTheNextProcessAlone: the clean-up of a
+// conversation's old process (reaped after the next one started, as after a
+// crash) never touches the new process's control group.
+func TestJailCleanupLeavesTheNextProcessAlone(t *testing.T) {
+	j, u, dir := testJail(t, Limits{})
+	start := func() *Cell {
+		c, err := j.Command(Spec{Name: "c1", User: u, Path: "/bin/sleep", Args: []string{"30"},
+			Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	old := start()
+	next := start()
+	old.Kill()
+	_ = old.Cmd.Wait()
+	old.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- next.Cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("the next process ended with the old one's clean-up: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if len(next.cg.Processes()) == 0 {
+		t.Error("the next process's control group is empty")
+	}
+	next.Kill()
+	<-exited
+	next.Close()
+}
