@@ -2,14 +2,21 @@ package gateway_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/budget"
 )
 
 // FuzzGatewayMessagesBody posts arbitrary bodies to /v1/messages with a
 // valid WorkerToken. Whatever the body, the gateway must not fail with a
 // 5xx of its own, must never reserve a non-positive amount, and must leave
-// nothing reserved once the call is over.
+// nothing reserved once the call is over. And what reached the upstream,
+// read by encoding/json (names matched case-insensitively, the last
+// duplicate winning), was reserved at least at that reading's worst case:
+// the gateway never prices a call by a reading the upstream may not share.
 func FuzzGatewayMessagesBody(f *testing.F) {
 	for _, seed := range []string{
 		messagesBody(true, 1024),
@@ -18,23 +25,48 @@ func FuzzGatewayMessagesBody(f *testing.F) {
 		`{"model":"x","max_tokens":-5,"messages":[{"role":"user","content":"x"}]}`,
 		`{"model":null,"max_tokens":null}`,
 		`null`, `{}`, `[]`, `"s"`, ``, `{"max_tokens":1e3}`,
+		`{"model":"claude-3-haiku-20240307","max_tokens":1,"stream":true,"max\u005ftokens":64000,"mod\u0065l":"claude-opus-4-1-20250805","messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"claude-3-haiku-20240307","max_tokens":1,"Max_Tokens":64000,"messages":[{"role":"user","content":"x"}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	fx := newFixture(f)
 	tok := fx.workerToken(f, convID, userID)
+	prices := budget.DefaultPrices()
 	f.Fuzz(func(t *testing.T, body []byte) {
 		before := len(fx.ledger(t, userID))
+		forwarded := len(fx.up.Requests())
 		req := fx.request(t.Context(), t, http.MethodPost, "/v1/messages", tok, bytes.NewReader(body))
 		got := do(t, req)
 		if got.status >= 500 {
 			t.Fatalf("body %q: got status %d (%s), want < 500", body, got.status, got.body)
 		}
 		fx.waitNothingReserved(t, userID)
+		var reserved budget.NanoUSD
 		for _, r := range fx.ledger(t, userID)[before:] {
 			if r.Kind == "reserve" && r.Amount <= 0 {
 				t.Fatalf("body %q: reserved %d nano-USD, want a positive worst case", body, r.Amount)
 			}
+			if r.Kind == "reserve" {
+				reserved = r.Amount
+			}
+		}
+		reqs := fx.up.Requests()
+		if len(reqs) == forwarded || reqs[len(reqs)-1].Body == nil {
+			return // not forwarded (or not recorded)
+		}
+		up := reqs[len(reqs)-1].Body
+		var read struct {
+			Model     string
+			MaxTokens int64 `json:"max_tokens"`
+		}
+		if json.Unmarshal(up, &read) != nil {
+			return
+		}
+		price, _ := prices.PriceFor(read.Model, time.Now())
+		if want := price.WorstCase(int64(len(up))/3, read.MaxTokens); reserved < want {
+			t.Fatalf("body %q: reserved %d nano-USD, but the upstream read model %q max_tokens %d, worth up to %d",
+				body, reserved, read.Model, read.MaxTokens, want)
 		}
 	})
 }
