@@ -40,36 +40,36 @@ func TestAgentLimits(t *testing.T) {
 
 	// 1.5 GB held by tail (no newline in its input) against a 1 GiB limit.
 	mustSend(t, r.h, "hog", "m1", "please run `head -c 1500000000 /dev/zero | tail > /dev/null; echo hog-exit=$?`")
-	mem := limitEvent(t, e, contract.LimitMemory, 90*time.Second)
+	mem := limitEvent(t, e, contract.LimitMemory, 3*time.Minute)
 	if mem.Max != 1<<30 || mem.Used < 1 || !strings.Contains(mem.Message, "memory limit") {
 		t.Errorf("memory limit event: %+v", mem)
 	}
-	waitEvent(t, e, contract.EventTurnCompleted, 0, 60*time.Second)
+	waitEvent(t, e, contract.EventTurnCompleted, 0, 3*time.Minute)
 
 	// 400 short-lived processes against a limit of 160 (the CLI's threads
 	// count too); the loop's shell dies when a fork is refused.
 	mustSend(t, r.h, "hog", "m2", "please run `sh -c 'i=0; while [ $i -lt 400 ]; do sleep 4 & i=$((i+1)); done' 2>/dev/null; echo loop-exit=$?`")
-	_, i := waitEvent(t, e, contract.EventTurnCompleted, 0, 60*time.Second)
-	_, i = waitEvent(t, e, contract.EventTurnCompleted, i+1, 60*time.Second)
+	_, i := waitEvent(t, e, contract.EventTurnCompleted, 0, 3*time.Minute)
+	_, i = waitEvent(t, e, contract.EventTurnCompleted, i+1, 3*time.Minute)
 	if testing.Verbose() {
 		for _, ev := range e.snapshot() {
 			t.Logf("%s %s", ev.Type, ev.Data)
 		}
 	}
-	procs := limitEvent(t, e, contract.LimitProcesses, 10*time.Second)
+	procs := limitEvent(t, e, contract.LimitProcesses, 2*time.Minute)
 	if procs.Max != 160 || !strings.Contains(procs.Message, "160 processes") {
 		t.Errorf("process limit event: %+v", procs)
 	}
 
 	// Survivors: another conversation, and this one's next turn.
 	mustSend(t, r.h, "other", "m1", "please run `echo other-alive`")
-	if tr, _ := waitEvent(t, o, contract.EventToolResult, 0, 60*time.Second); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "other-alive") {
+	if tr, _ := waitEvent(t, o, contract.EventToolResult, 0, 3*time.Minute); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "other-alive") {
 		t.Errorf("the other conversation's command: %s", tr.Data)
 	}
 	time.Sleep(4500 * time.Millisecond) // the loop's sleeps end; not an assertion on time
 	from := len(e.snapshot())
 	mustSend(t, r.h, "hog", "m3", "please run `echo hog-alive`")
-	waitEvent(t, e, contract.EventTurnCompleted, from, 60*time.Second)
+	waitEvent(t, e, contract.EventTurnCompleted, from, 3*time.Minute)
 	var alive bool
 	for _, ev := range e.snapshot()[from:] {
 		alive = alive || ev.Type == contract.EventToolResult && strings.Contains(string(ev.Data), "hog-alive")
@@ -87,11 +87,11 @@ func TestAgentDiskLimit(t *testing.T) {
 	mustCreate(t, r.h, "disk")
 	e := r.follow(t, "disk")
 	mustSend(t, r.h, "disk", "m1", "please run `head -c 100000000 /dev/zero > big; ls -l big; head -c 30000000 /dev/zero > a; head -c 30000000 /dev/zero > b; sleep 60; echo not-stopped`")
-	l := limitEvent(t, e, contract.LimitDisk, 90*time.Second)
+	l := limitEvent(t, e, contract.LimitDisk, 3*time.Minute)
 	if l.Max != 48<<20 || l.Used <= 48<<20 {
 		t.Errorf("disk limit event: %+v", l)
 	}
-	end, _ := waitEvent(t, e, contract.EventTurnFailed, 0, 60*time.Second)
+	end, _ := waitEvent(t, e, contract.EventTurnFailed, 0, 3*time.Minute)
 	if f := payload[contract.TurnFailed](t, end); f.ClientMessageID != "m1" {
 		t.Errorf("turn_failed: %+v", f)
 	}

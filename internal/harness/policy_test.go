@@ -28,12 +28,12 @@ func TestAgentCannotLoosenThePermissionPolicy(t *testing.T) {
 		".claude/settings.json .claude/settings.local.json $HOME/.claude/settings.json; do " +
 		"mkdir -p $(dirname $f) && echo '" + loose + "' > $f; done; echo wrote-settings"
 	mustSend(t, r.h, "c4", "m1", "please run `"+write+"`")
-	req, _ := waitEvent(t, e, contract.EventPermissionRequested, 0, 60*time.Second)
+	req, _ := waitEvent(t, e, contract.EventPermissionRequested, 0, 3*time.Minute)
 	pr := payload[contract.PermissionRequested](t, req)
 	if _, err := r.h.AnswerPermission("c4", pr.RequestID, contract.PermissionAnswer{Behavior: "allow"}); err != nil {
 		t.Fatal(err)
 	}
-	_, first := waitEvent(t, e, contract.EventTurnCompleted, 0, 60*time.Second)
+	_, first := waitEvent(t, e, contract.EventTurnCompleted, 0, 3*time.Minute)
 	if tr, _ := waitEvent(t, e, contract.EventToolResult, 0, time.Second); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "wrote-settings") {
 		t.Fatalf("the approved command did not run: %s", tr.Data)
 	}
@@ -47,7 +47,7 @@ func TestAgentCannotLoosenThePermissionPolicy(t *testing.T) {
 		}
 		from := len(e.snapshot())
 		mustSend(t, r.h, "c4", id, "please run `echo ran-without-asking-"+id+" > proof-"+id+".txt && cat proof-"+id+".txt`")
-		waitFor(t, "a permission request or the turn's end", 60*time.Second, func() bool {
+		waitFor(t, "a permission request or the turn's end", 3*time.Minute, func() bool {
 			for _, ev := range e.snapshot()[from:] {
 				if ev.Type == contract.EventPermissionRequested || ev.Type == contract.EventTurnCompleted || ev.Type == contract.EventTurnFailed {
 					return true
@@ -73,8 +73,8 @@ func TestAgentCannotLoosenThePermissionPolicy(t *testing.T) {
 		if _, err := r.h.AnswerPermission("c4", asked.RequestID, contract.PermissionAnswer{Behavior: "deny", Message: "no"}); err != nil {
 			t.Fatal(err)
 		}
-		waitEvent(t, e, contract.EventTurnCompleted, first+1, 60*time.Second)
-		_, first = waitEvent(t, e, contract.EventTurnCompleted, from, 60*time.Second)
+		waitEvent(t, e, contract.EventTurnCompleted, first+1, 3*time.Minute)
+		_, first = waitEvent(t, e, contract.EventTurnCompleted, from, 3*time.Minute)
 	}
 	if _, err := os.Stat(filepath.Join(r.h.cfg.HomeDir, "c4", "hook-ran")); err == nil {
 		t.Error("a SessionStart hook from agent-written settings ran")
