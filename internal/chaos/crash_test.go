@@ -2,10 +2,10 @@ package chaos
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/talkide/talkide/internal/platformtest"
 )
 
 // TestWorkerCrashEndsDetachedAgents is case C1 for a crash of the worker
@@ -32,14 +32,14 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	if _, ok := w.turnEnd("m1", 120*time.Second); !ok {
 		t.Fatal("first turn never ended")
 	}
-	if n := len(sleepers("sleep 371")); n != 4 {
+	if n := len(platformtest.HostProcesses("sleep 371")); n != 4 {
 		t.Fatalf("detached processes running: %d, want 4", n)
 	}
 	p.kill()
 	deadline := time.Now().Add(2 * time.Minute)
-	for len(sleepers("sleep 371")) > 0 {
+	for len(platformtest.HostProcesses("sleep 371")) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("processes outlived the crashed worker: %v", sleepers("sleep 371"))
+			t.Fatalf("processes outlived the crashed worker: %v", platformtest.HostProcesses("sleep 371"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -50,18 +50,4 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	if _, ok := w.turnEnd("m2", 120*time.Second); !ok {
 		t.Fatal("the turn after the crash never ended")
 	}
-}
-
-// sleepers returns the host's processes whose command line starts with
-// prefix.
-func sleepers(prefix string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && strings.HasPrefix(strings.ReplaceAll(string(b), "\x00", " "), prefix) {
-			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	return out
 }

@@ -19,27 +19,13 @@ import (
 // real CLI), the limits of C6 in internal/harness (TestAgentLimits,
 // TestAgentDiskLimit).
 
-// hostProcesses returns the host's processes whose command line starts
-// with prefix, as "pid: command line".
-func hostProcesses(prefix string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && strings.HasPrefix(strings.ReplaceAll(string(b), "\x00", " "), prefix) {
-			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	return out
-}
-
 func waitProcesses(t *testing.T, prefix string, want func(n int) bool, what string) {
 	t.Helper()
 	// A bound for a hung run, not a speed requirement: a loaded CI machine
 	// starts a CLI in seconds.
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		left := hostProcesses(prefix)
+		left := platformtest.HostProcesses(prefix)
 		if want(len(left)) {
 			return
 		}

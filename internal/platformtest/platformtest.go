@@ -512,3 +512,18 @@ func (l *LogBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.buf.String()
 }
+
+// HostProcesses returns the host's processes whose command line starts
+// with prefix, as "pid: command line": what a test looks for to see that
+// an agent's processes ended.
+func HostProcesses(prefix string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.HasPrefix(strings.ReplaceAll(string(b), "\x00", " "), prefix) {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
