@@ -78,3 +78,16 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) erro
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+// deletedMeanwhile reports whether a worker's refusal err to reconnect a
+// browser stream of conversation id is because the conversation was
+// deleted since (404 from the worker, and no live conversation here), so
+// the relay stops instead of reconnecting for as long as the browser stays.
+func (s *Server) deletedMeanwhile(ctx context.Context, id string, err error) bool {
+	var we *workerclient.Error
+	if !errors.As(err, &we) || we.Status != http.StatusNotFound {
+		return false
+	}
+	_, lerr := s.db.Conversation(ctx, id)
+	return errors.Is(lerr, controlstore.ErrNotFound)
+}

@@ -446,6 +446,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 					return
 				}
 				if err != nil {
+					if s.deletedMeanwhile(ctx, c.ID, err) {
+						return // the conversation was deleted: end the browser's stream
+					}
 					select {
 					case <-ctx.Done():
 						return

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -54,7 +55,7 @@ func TestConversationQuotaAndDelete(t *testing.T) {
 	// c1's agent leaves a detached process behind.
 	s := p.OpenStream(c1, 0)
 	p.Send(c1, "please run `setsid sleep 3031 >/dev/null 2>&1 & setsid env -i /bin/sleep 3032 >/dev/null 2>&1 & echo started`")
-	if ev := s.Until(90*time.Second, platformtest.TurnEnd); ev.Type != contract.EventTurnCompleted {
+	if ev := s.Until(5*time.Minute, platformtest.TurnEnd); ev.Type != contract.EventTurnCompleted {
 		t.Fatalf("turn: %s %s", ev.Type, ev.Data)
 	}
 	if isRoot() && len(processesInRange(first, count)) == 0 {
@@ -73,8 +74,23 @@ func TestConversationQuotaAndDelete(t *testing.T) {
 	if st, _ := p.DoAs("tk_mallory", "DELETE", "/api/conversations/"+c1, "", ""); st != http.StatusNotFound {
 		t.Errorf("another user's DELETE: got %d, want 404", st)
 	}
+	// A browser stream open during the delete ends with it.
+	req, _ := http.NewRequest("GET", p.URL+"/api/conversations/"+c1+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+p.UserToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("open stream: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	streamEnded := make(chan struct{})
+	go func() { io.Copy(io.Discard, resp.Body); close(streamEnded) }()
 	if st, eb := p.DoAs(p.UserToken, "DELETE", "/api/conversations/"+c1, "", ""); st != http.StatusNoContent {
 		t.Fatalf("DELETE: got %d %+v, want 204", st, eb)
+	}
+	select {
+	case <-streamEnded:
+	case <-time.After(2 * time.Minute):
+		t.Error("the browser stream of the deleted conversation is still open")
 	}
 	if isRoot() {
 		if pids := processesInRange(first, count); len(pids) != 0 {

@@ -69,6 +69,15 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	}
 	s.followers--
 	meta := *s.meta
+	// The state goes first, while the session is still registered: a
+	// request waiting for it then finds it gone and the conversation
+	// missing, and nothing loads it again from the store. From here the
+	// conversation does not exist, and a crash leaves at most an orphan uid
+	// claim that ReclaimOrphanUIDs releases.
+	if err := h.store.RemoveState(conv); err != nil {
+		s.mu.Unlock()
+		return out, err
+	}
 	s.unloadLocked()
 	s.mu.Unlock()
 	defer func() {
@@ -79,9 +88,6 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 		}
 	}()
 
-	// The state goes first: from here the conversation does not exist,
-	// and a crash leaves at most an orphan uid claim that
-	// ReclaimOrphanUIDs releases.
 	if err := h.store.Delete(conv); err != nil {
 		return out, err
 	}

@@ -14,6 +14,20 @@ import (
 // rest is then removed. Close the conversation's event log before. A
 // conversation that does not exist is no error.
 func (s *Store) Delete(conv string) error {
+	if err := s.RemoveState(conv); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(s.Dir(conv)); err != nil {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
+	return nil
+}
+
+// RemoveState removes a conversation's state file, durably: from then on
+// LoadMeta answers ErrNotFound and List leaves it out, while its event log
+// can still be closed before Delete removes the rest. A conversation
+// without state is no error.
+func (s *Store) RemoveState(conv string) error {
 	dir := s.Dir(conv)
 	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
 		return fmt.Errorf("delete conversation %q: not a conversation id", conv)
@@ -22,9 +36,6 @@ func (s *Store) Delete(conv string) error {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
 	}
 	if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("delete conversation %s: %w", conv, err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
 	}
 	return nil

@@ -92,7 +92,7 @@ func runCommand(t *testing.T, r *replica, conv, command string) string {
 		t.Fatal(err)
 	}
 	var result string
-	for _, ev := range follow(t, r, conv, st.LastEventID, turnEnd) {
+	for _, ev := range followTurn(t, r, conv, st.LastEventID) {
 		if ev.Type == contract.EventToolResult {
 			result = platformtest.Payload[contract.ToolResult](t, ev).Content
 		}
@@ -101,6 +101,38 @@ func runCommand(t *testing.T, r *replica, conv, command string) string {
 		}
 	}
 	return result
+}
+
+// followTurn reads conv's events after after until the turn ends. Its
+// bound only guards against a hang: the real CLI can take a minute to start
+// on a loaded machine.
+func followTurn(t *testing.T, r *replica, conv string, after int64) []contract.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var got []contract.Event
+	for ctx.Err() == nil {
+		es, err := r.client.Events(ctx, conv, after)
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		for {
+			ev, err := es.Next()
+			if err != nil {
+				break
+			}
+			got = append(got, ev)
+			after = ev.ID
+			if turnEnd(ev) {
+				es.Close()
+				return got
+			}
+		}
+		es.Close()
+	}
+	t.Fatalf("the turn of %s did not end; events %v", conv, platformtest.Summary(got))
+	return nil
 }
 
 func wantStatus(t *testing.T, err error, status int, what string) {
