@@ -297,3 +297,34 @@ func TestConversationQuotas(t *testing.T) {
 		t.Errorf("after a delete: %v", err)
 	}
 }
+
+// TestOrphanUIDsAreReleasedAtStart: a delete cut short by a crash (state
+// gone, uid still claimed) leaves nothing claimed once a worker starts.
+func TestOrphanUIDsAreReleasedAtStart(t *testing.T) {
+	needRoot(t)
+	const uid = 3_980_000
+	session := filepath.Join(platformtest.AgentReachableTempDir(t), "sessions")
+	r := sandbox.UIDRange{First: uid, Count: 2, Dir: filepath.Join(session, "talkide", "agent-uids")}
+	if _, err := r.Claim("ghost"); err != nil {
+		t.Fatal(err)
+	}
+	ghostWork := filepath.Join(session, "workspaces", "ghost")
+	if err := os.MkdirAll(ghostWork, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	startTenantWorker(t, "acme", func(c *worker.Config) {
+		c.SessionDir = session
+		c.AgentUser = "per-conversation"
+		c.AgentUIDRange = sandbox.UIDRange{First: uid, Count: 2}
+	})
+	claims, err := r.Claims()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims) != 0 {
+		t.Errorf("claims after start: %v, want none", claims)
+	}
+	if _, err := os.Stat(ghostWork); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted conversation's workspace survives: %v", err)
+	}
+}
