@@ -43,8 +43,13 @@ func managedSettings(cfg Config) []byte {
 	return []byte(`{` + bypass + `"allowManagedPermissionRulesOnly":true,"allowManagedHooksOnly":true}` + "\n")
 }
 
-// limitPoll is how often a running jail's limit counters are read.
-const limitPoll = time.Second
+// limitPoll is how often a running jail's limit counters are read;
+// limitEventEvery is the least time between two limit_reached events of
+// one limit of one process.
+const (
+	limitPoll       = time.Second
+	limitEventEvery = time.Minute
+)
 
 // commandLocked returns the command that runs the CLI with args and env:
 // in the conversation's jail when the harness has one (then with its Cell),
@@ -146,10 +151,23 @@ func (s *session) watchLimits(p *process) {
 // limit_reached events.
 func (s *session) checkLimits(p *process) {
 	c := p.cell.Counters()
+	now := time.Now()
 	p.mu.Lock()
+	// New hits since the last event of that limit; at most one event per
+	// limit per limitEventEvery, so an agent that keeps hitting a limit
+	// cannot flood its event log (the next event carries the total).
 	oom := c.OOMKills - p.limitHits.OOMKills
 	procs := c.ProcessLimitHits - p.limitHits.ProcessLimitHits
-	p.limitHits = c
+	if oom > 0 && now.Sub(p.limitEvents[0]) >= limitEventEvery {
+		p.limitHits.OOMKills, p.limitEvents[0] = c.OOMKills, now
+	} else {
+		oom = 0
+	}
+	if procs > 0 && now.Sub(p.limitEvents[1]) >= limitEventEvery {
+		p.limitHits.ProcessLimitHits, p.limitEvents[1] = c.ProcessLimitHits, now
+	} else {
+		procs = 0
+	}
 	p.mu.Unlock()
 	l := s.h.cfg.Jail.Limits
 	if oom > 0 {
@@ -169,6 +187,11 @@ func (s *session) checkDisk(p *process) {
 	if err != nil {
 		s.h.log.Warn("measure the conversation's disk use", "conversation", s.conv, "err", err)
 		return
+	}
+	if p.cell != nil {
+		// Files deleted while the agent keeps them open take disk space no
+		// directory shows.
+		used += sandbox.DeletedOpenBytes(p.cell.Processes())
 	}
 	if used <= s.h.cfg.DiskLimit || p.stopping() {
 		return
@@ -208,4 +231,18 @@ func (s *session) killOrphansAfterInterrupt(p *process) {
 			s.h.log.Info("ended processes an interrupted turn left behind", "conversation", s.conv, "count", n)
 		}
 	})
+}
+
+// projectInstructionsArgs gives the CLI the project's instructions
+// (CLAUDE.md at the top of the workspace) that it no longer finds by
+// itself once it reads no settings sources (--setting-sources=): appended
+// to its system prompt. The CLI reads the file, as the agent, in the
+// agent's view; the worker only looks whether the name exists, without
+// opening it.
+func projectInstructionsArgs(workDir string) []string {
+	p := filepath.Join(workDir, "CLAUDE.md")
+	if _, err := os.Lstat(p); err != nil {
+		return nil
+	}
+	return []string{"--append-system-prompt-file", p}
 }

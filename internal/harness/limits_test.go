@@ -104,3 +104,22 @@ func TestAgentDiskLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentDiskLimitCountsDeletedOpenFiles: files the agent deleted but
+// keeps open still take disk space, and count.
+func TestAgentDiskLimitCountsDeletedOpenFiles(t *testing.T) {
+	r := startRig(t, rigOptions{diskLimit: 48 << 20})
+	mustCreate(t, r.h, "held")
+	e := r.follow(t, "held")
+	mustSend(t, r.h, "held", "m1", "please run `sh -c 'exec 3>a 4>b; head -c 30000000 /dev/zero >&3; head -c 30000000 /dev/zero >&4; rm a b; sleep 60'; echo not-stopped`")
+	l := limitEvent(t, e, contract.LimitDisk, 3*time.Minute)
+	if l.Used <= 48<<20 {
+		t.Errorf("disk limit event: %+v", l)
+	}
+	waitEvent(t, e, contract.EventTurnFailed, 0, 3*time.Minute)
+	for _, ev := range e.snapshot() {
+		if ev.Type == contract.EventToolResult && strings.Contains(string(ev.Data), "not-stopped") {
+			t.Error("the turn went on past the disk limit")
+		}
+	}
+}

@@ -38,8 +38,10 @@ type process struct {
 	// lastActive is when the process last finished a turn (or started).
 	lastActive time.Time
 	mcp        *mcpProcess // MCP servers of the process (mcp.go); set before it runs
-	// limitHits are the jail's counters last seen (jail.go); guarded by mu.
-	limitHits sandbox.Counters
+	// limitHits are the jail's counters as last reported, limitEvents when
+	// (memory, processes) they were last reported (jail.go); guarded by mu.
+	limitHits   sandbox.Counters
+	limitEvents [2]time.Time
 
 	mu sync.Mutex
 	// reason is why the harness stops the process, "" if it does not; guarded by mu.
@@ -208,6 +210,12 @@ func (s *session) startLocked() (*process, error) {
 	args := []string{
 		"--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
 		"--permission-prompt-tool", "stdio", "--permission-mode", cfg.PermissionMode,
+		// No user, project or local settings files: the agent writes them
+		// (CLAUDE_CONFIG_DIR, HOME, the workspace's .claude/), and keys such
+		// as apiKeyHelper, otelHeadersHelper and env would run commands
+		// nobody approved at every start (case C4). Managed settings (the
+		// operator's) still apply.
+		"--setting-sources=",
 	}
 	if resume {
 		args = append(args, "--resume", s.meta.SessionID)
@@ -217,6 +225,7 @@ func (s *session) startLocked() (*process, error) {
 	if s.meta.Model != "" {
 		args = append(args, "--model", s.meta.Model)
 	}
+	args = append(args, projectInstructionsArgs(s.meta.WorkDir)...)
 	mcp, err := s.mcpLocked()
 	if err != nil {
 		return nil, err

@@ -179,6 +179,11 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 		n := addFile(mf)
 		args = append(args, "--dir", filepath.Dir(f.Path), "--perms", "0444", "--ro-bind-data", strconv.Itoa(n), f.Path)
 	}
+	// The tmpfs mounts bwrap built (/, /etc, /run) belong to the agent's
+	// user namespace and so to the agent: read-only, so it can neither
+	// rename /etc/claude-code (and the managed settings with it) nor /etc
+	// nor put anything beside them. Only its binds and /tmp are writable.
+	args = append(args, "--remount-ro", "/etc", "--remount-ro", "/run", "--remount-ro", "/")
 	if spec.Dir != "" {
 		args = append(args, "--chdir", spec.Dir)
 	}
@@ -265,6 +270,14 @@ func (c *Cell) Kill() {
 	if c.cg != nil {
 		c.cg.Kill()
 	}
+}
+
+// Processes returns the host ids of the jail's processes.
+func (c *Cell) Processes() []int {
+	if c.Cmd.Process == nil {
+		return nil
+	}
+	return append([]int{c.Cmd.Process.Pid}, descendants(c.Cmd.Process.Pid)...)
 }
 
 // Counters returns the jail's limit counters (zero without a control group).
