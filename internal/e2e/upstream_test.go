@@ -38,6 +38,7 @@ func TestUnreachableUpstreamEndsTheTurnAtOnce(t *testing.T) {
 		t.Fatalf("got %s %s, want turn_failed", end.Type, end.Data)
 	}
 	f := platformtest.Payload[contract.TurnFailed](t, end)
+	t.Logf("turn_failed: %s", f.Message)
 	for _, want := range []string{"model upstream " + dead.String(), "connection to " + dead.Host + " refused"} {
 		if !strings.Contains(f.Message, want) {
 			t.Errorf("turn_failed message %q does not say %q", f.Message, want)
