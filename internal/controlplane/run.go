@@ -53,7 +53,11 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 }
 
 // Run opens the database, sets up the dev user if configured, and serves on
-// ln (or cfg.Addr when ln is nil) until ctx ends.
+// ln (or cfg.Addr when ln is nil) until ctx ends. Then it stops accepting,
+// turns unready, ends browser streams cleanly and gives requests in flight
+// cfg.ShutdownGrace to finish; it returns once their debits are booked.
+// Connections and browser streams are capped from the open-files limit
+// (limits.go).
 func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 	return RunWith(ctx, cfg, ln, nil)
 }
