@@ -320,6 +320,7 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var last error
+	ownUpstream := slices.ContainsFunc(procs, func(p *proc) bool { return p.name == "devupstream" })
 	for {
 		for _, p := range procs {
 			if p.misconfigured.Load() {
@@ -339,9 +340,12 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 				return nil
 			}
 			err = fmt.Errorf("healthz answered %d: %s", resp.StatusCode, eb.Error.Message)
-			if strings.HasPrefix(eb.Error.Message, "model upstream ") {
+			if strings.HasPrefix(eb.Error.Message, "model upstream ") && !ownUpstream {
 				// The control plane checked the upstream (with a timeout of
-				// its own): waiting longer only delays the news.
+				// its own): waiting longer only delays the news. Not so for
+				// the development upstream, started with it: the control
+				// plane may have checked before it listened, and checks
+				// again within seconds.
 				return err
 			}
 		}

@@ -58,6 +58,11 @@ func TestLoopbackIsNoBackDoor(t *testing.T) {
 		if m := tokRe.FindStringSubmatch(out.String()); m != nil {
 			tok = m[1]
 		}
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(state))
+		default:
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no banner within 90 s; output %q; logs:\n%s", out.String(), logs(state))
 		}
