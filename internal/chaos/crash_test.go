@@ -24,22 +24,22 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := p.watch(ctx, c.ID)
-	cmd := "setsid sleep 3711 >/dev/null 2>&1 & setsid env -i sleep 3712 >/dev/null 2>&1 & " +
-		"nohup sleep 3713 >/dev/null 2>&1 & (sh -c 'sleep 3714 >/dev/null 2>&1 &' &); echo detached"
+	cmd := "setsid sleep 873711 >/dev/null 2>&1 & setsid env -i sleep 873712 >/dev/null 2>&1 & " +
+		"nohup sleep 873713 >/dev/null 2>&1 & (sh -c 'sleep 873714 >/dev/null 2>&1 &' &); echo detached"
 	if err := p.send(c.ID, "m1", "please run `"+cmd+"`"); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := w.turnEnd("m1", 120*time.Second); !ok {
 		t.Fatal("first turn never ended")
 	}
-	if n := len(platformtest.HostProcesses("sleep 371")); n != 4 {
+	if n := len(platformtest.HostProcesses("sleep 87371")); n != 4 {
 		t.Fatalf("detached processes running: %d, want 4", n)
 	}
 	p.kill()
 	deadline := time.Now().Add(2 * time.Minute)
-	for len(platformtest.HostProcesses("sleep 371")) > 0 {
+	for len(platformtest.HostProcesses("sleep 87371")) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("processes outlived the crashed worker: %v", platformtest.HostProcesses("sleep 371"))
+			t.Fatalf("processes outlived the crashed worker: %v", platformtest.HostProcesses("sleep 87371"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

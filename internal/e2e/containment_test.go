@@ -83,22 +83,22 @@ func TestDetachedProcessesEndWithTheirConversation(t *testing.T) {
 		long         bool // the command keeps the turn running
 		end          func(conv string)
 	}{
-		{"stop", "361", false, func(conv string) {
+		{"stop", "87361", false, func(conv string) {
 			if _, err := wc.Stop(ctx, conv); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"interrupt", "362", true, func(conv string) {
+		{"interrupt", "87362", true, func(conv string) {
 			if code := p.Do("POST", "/api/conversations/"+conv+"/interrupt", map[string]any{}, nil); code/100 != 2 {
 				t.Fatalf("interrupt: %d", code)
 			}
 		}},
-		{"cli crash", "363", false, func(conv string) {
+		{"cli crash", "87363", false, func(conv string) {
 			if err := syscall.Kill(cliPID(t, conv), syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"worker stop", "364", false, func(string) { p.RestartWorker() }},
+		{"worker stop", "87364", false, func(string) { p.RestartWorker() }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -131,12 +131,12 @@ func TestAgentsSeeOnlyTheirOwnProcesses(t *testing.T) {
 	// match them.)
 	b := p.NewConversation()
 	p.OpenStream(b, 0)
-	p.Send(b, "please run `export GITHUB_TOKEN=ghp_example_c5; sh -c 'sleep 3651; : ghp_example_c5'`")
-	waitProcesses(t, "sleep 3651", func(n int) bool { return n == 1 }, "conversation b's command did not start")
+	p.Send(b, "please run `export GITHUB_TOKEN=ghp_example_c5; sh -c 'sleep 873651; : ghp_example_c5'`")
+	waitProcesses(t, "sleep 873651", func(n int) bool { return n == 1 }, "conversation b's command did not start")
 
 	a := p.NewConversation()
 	sa := p.OpenStream(a, 0)
-	p.Send(a, "please run `echo procs=$(ls /proc | grep -c '^[0-9]'); cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c -e 'ghp_exam[p]le_c5' -e '36[5]1' -e 'mcpServ[e]rs'; echo probe-done`")
+	p.Send(a, "please run `echo procs=$(ls /proc | grep -c '^[0-9]'); cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c -e 'ghp_exam[p]le_c5' -e '8736[5]1' -e 'mcpServ[e]rs'; echo probe-done`")
 	if end := sa.Until(3*time.Minute, platformtest.TurnEnd); end.Type != contract.EventTurnCompleted {
 		t.Fatalf("a's turn: %s %s", end.Type, end.Data)
 	}

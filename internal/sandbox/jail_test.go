@@ -74,14 +74,14 @@ func hostProcesses(s string) []string {
 // jailed program ends.
 func TestJailEndsDetachedProcesses(t *testing.T) {
 	j, u, dir := testJail(t, Limits{})
-	out, c := runJailed(t, j, u, dir, `setsid sleep 3001 & setsid env -i sleep 3002 & nohup sleep 3003 >/dev/null 2>&1 & (sh -c 'sleep 3004 &' &) ; sleep 0.2; echo started`)
+	out, c := runJailed(t, j, u, dir, `setsid sleep 870011 & setsid env -i sleep 870012 & nohup sleep 870013 >/dev/null 2>&1 & (sh -c 'sleep 870014 &' &) ; sleep 0.2; echo started`)
 	defer c.Close()
 	if !strings.Contains(out, "started") {
 		t.Fatalf("probe: %q", out)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		left := hostProcesses("sleep 300")
+		left := hostProcesses("sleep 87001")
 		if len(left) == 0 {
 			break
 		}
@@ -138,7 +138,7 @@ func TestJailLimits(t *testing.T) {
 	j, u, dir := testJail(t, Limits{MemoryBytes: 96 << 20, Processes: 32})
 	out, c := runJailed(t, j, u, dir,
 		`head -c 300000000 /dev/zero | tail > /dev/null; echo hog-exit=$?; `+
-			`sh -c 'i=0; while [ $i -lt 64 ]; do sleep 3005 & i=$((i+1)); done' 2>/dev/null; echo loop-exit=$?; echo survived`)
+			`sh -c 'i=0; while [ $i -lt 64 ]; do sleep 870051 & i=$((i+1)); done' 2>/dev/null; echo loop-exit=$?; echo survived`)
 	defer c.Close()
 	if !strings.Contains(out, "survived") {
 		t.Fatalf("the jailed program did not survive its children's limits: %q", out)
@@ -151,7 +151,7 @@ func TestJailLimits(t *testing.T) {
 		t.Errorf("OOM kills: got 0, want > 0 (%q)", out)
 	}
 	c.Close()
-	if left := hostProcesses("sleep 3005"); len(left) > 0 {
+	if left := hostProcesses("sleep 870051"); len(left) > 0 {
 		t.Errorf("the loop's processes outlived the jail: %d left", len(left))
 	}
 }
@@ -161,7 +161,7 @@ func TestJailLimits(t *testing.T) {
 func TestJailKillOrphans(t *testing.T) {
 	j, u, dir := testJail(t, Limits{})
 	c, err := j.Command(Spec{Name: "c1", User: u, Path: "/bin/bash",
-		Args: []string{"-c", `sleep 3011 & (setsid sleep 3012 &); (nohup sh -c 'sleep 3013' >/dev/null 2>&1 &); echo ready; read x; echo alive`},
+		Args: []string{"-c", `sleep 870211 & (setsid sleep 870212 &); (nohup sh -c 'sleep 870213' >/dev/null 2>&1 &); echo ready; read x; echo alive`},
 		Env:  []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}})
 	if err != nil {
 		t.Fatal(err)
@@ -184,14 +184,14 @@ func TestJailKillOrphans(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(func() bool { return len(hostProcesses("sleep 301")) == 3 })
+	waitFor(func() bool { return len(hostProcesses("sleep 87021")) == 3 })
 	if n := c.KillOrphans(); n < 2 {
 		t.Errorf("KillOrphans signalled %d processes, want the 2 detached ones (and their children)", n)
 	}
-	if !waitFor(func() bool { return len(hostProcesses("sleep 3012")) == 0 && len(hostProcesses("sleep 3013")) == 0 }) {
-		t.Errorf("detached processes survived: %v", hostProcesses("sleep 301"))
+	if !waitFor(func() bool { return len(hostProcesses("sleep 870212")) == 0 && len(hostProcesses("sleep 870213")) == 0 }) {
+		t.Errorf("detached processes survived: %v", hostProcesses("sleep 87021"))
 	}
-	if len(hostProcesses("sleep 3011")) != 1 {
+	if len(hostProcesses("sleep 870211")) != 1 {
 		t.Errorf("the program's own child was killed")
 	}
 	in.Write([]byte("x\n"))
