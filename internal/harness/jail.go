@@ -233,6 +233,9 @@ func (s *session) killOrphansAfterInterrupt(p *process) {
 	})
 }
 
+// maxProjectInstructions bounds the CLAUDE.md given to the CLI.
+const maxProjectInstructions = 1 << 20
+
 // projectInstructionsArgs gives the CLI the project's instructions
 // (CLAUDE.md at the top of the workspace) that it no longer finds by
 // itself once it reads no settings sources (--setting-sources=): appended
@@ -241,7 +244,9 @@ func (s *session) killOrphansAfterInterrupt(p *process) {
 // opening it.
 func projectInstructionsArgs(workDir string) []string {
 	p := filepath.Join(workDir, "CLAUDE.md")
-	if _, err := os.Lstat(p); err != nil {
+	// Only a plain file of a sane size: a link, a FIFO or a device would
+	// have the CLI block or read without end at its start.
+	if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || st.Size() > maxProjectInstructions {
 		return nil
 	}
 	return []string{"--append-system-prompt-file", p}
