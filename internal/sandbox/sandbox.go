@@ -15,8 +15,17 @@
 //     (MakeTraversable), and starts the CLI with the user's credentials
 //     (Credential).
 //
-// It does not confine the agent's network or file system beyond Unix
-// permissions; run workers in their own pods (one per tenant-env) for that.
+//   - A Jail (jail.go) runs each agent in namespaces of its own, built by
+//     bubblewrap: its processes end with its CLI, it sees only its own
+//     processes and its own conversation's directories, and the worker's
+//     files (managed settings, MCP configuration) reach it read-only.
+//   - Cgroups (cgroup.go) give each agent a control group with its Limits
+//     (limits.go: memory, processes, CPU weight; disk is measured by
+//     DiskUsage and DeletedOpenBytes), counted and killed as a whole.
+//
+// It does not confine the agent's network: agents share the worker's (the
+// local gateway proxy is on loopback); a tenant-env's pod and its
+// NetworkPolicy bound it.
 package sandbox
 
 import (
