@@ -7,6 +7,7 @@
 //   - Harden makes the calling process non-dumpable, so other processes of
 //     the same user cannot read its /proc/<pid>/environ or memory (only a
 //     process with CAP_SYS_PTRACE could).
+//
 //   - A worker running as root (whose agents could otherwise read
 //     everything) runs each conversation's agent as a user id of its own,
 //     claimed from a UIDRange, or all agents as one User the operator
@@ -19,6 +20,7 @@
 //     bubblewrap: its processes end with its CLI, it sees only its own
 //     processes and its own conversation's directories, and the worker's
 //     files (managed settings, MCP configuration) reach it read-only.
+//
 //   - Cgroups (cgroup.go) give each agent a control group with its Limits
 //     (limits.go: memory, processes, CPU weight; disk is measured by
 //     DiskUsage and DeletedOpenBytes), counted and killed as a whole.
