@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
-	"net"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -284,14 +283,4 @@ func (a *budgetAPI) ledger(w http.ResponseWriter, r *http.Request) error {
 	}
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"entries": entries})
 	return nil
-}
-
-// fromLoopback reports whether the request came from this host.
-func fromLoopback(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
