@@ -38,8 +38,11 @@ func TestAgentCannotLoosenThePermissionPolicy(t *testing.T) {
 		"for f in $CLAUDE_CONFIG_DIR/settings.json $CLAUDE_CONFIG_DIR/settings.local.json " +
 		".claude/settings.json .claude/settings.local.json $HOME/.claude/settings.json; do " +
 		"mkdir -p $(dirname $f) && echo '" + loose + "' > $f; done; " +
+		// Only inside the jail (its host name): unjailed as root, these
+		// would change the host's /etc.
+		"if [ \"$(hostname)\" = talkide-agent ]; then " +
 		"mv /etc/claude-code /etc/.cc-orig; mkdir -p /etc/claude-code; echo '" + managed + "' > /etc/claude-code/managed-settings.json; " +
-		"mv /etc /etc2; mkdir -p /etc/claude-code; echo '" + managed + "' > /etc/claude-code/managed-settings.json; " +
+		"mv /etc /etc2; mkdir -p /etc/claude-code; echo '" + managed + "' > /etc/claude-code/managed-settings.json; echo tried-in-jail; fi 2>/dev/null; " +
 		"echo wrote-settings"
 	mustSend(t, r.h, "c4", "m1", "please run `"+write+"`")
 	req, _ := waitEvent(t, e, contract.EventPermissionRequested, 0, 3*time.Minute)
@@ -48,7 +51,8 @@ func TestAgentCannotLoosenThePermissionPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, first := waitEvent(t, e, contract.EventTurnCompleted, 0, 3*time.Minute)
-	if tr, _ := waitEvent(t, e, contract.EventToolResult, 0, time.Second); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "wrote-settings") {
+	if tr, _ := waitEvent(t, e, contract.EventToolResult, 0, time.Second); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "wrote-settings") ||
+		!strings.Contains(payload[contract.ToolResult](t, tr).Content, "tried-in-jail") {
 		t.Fatalf("the approved command did not run: %s", tr.Data)
 	}
 

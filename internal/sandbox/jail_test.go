@@ -104,10 +104,13 @@ func TestJailView(t *testing.T) {
 	script := `echo procs=$(ls /proc | grep -c '^[0-9]'); ` +
 		`cat ` + secret + ` 2>/dev/null || echo no-secret; ` +
 		`touch /usr/x 2>/dev/null || echo usr-ro; echo hi > ` + dir + `/w && echo dir-rw; ` +
-		`cat /etc/claude-code/managed-settings.json; echo; test -r /etc/passwd && echo etc-ok; id -u`
+		`cat /etc/claude-code/managed-settings.json; echo; test -r /etc/passwd && echo etc-ok; id -u; ` +
+		`mv /etc/claude-code /etc/cc2 2>/dev/null || echo etc-ro; mkdir /x 2>/dev/null || echo root-ro; touch /run/x 2>/dev/null || echo run-ro`
 	out, c := runJailed(t, j, u, dir, script, File{Path: "/etc/claude-code/managed-settings.json", Data: []byte(`{"x":1}`)})
 	c.Close()
-	for _, want := range []string{"no-secret", "usr-ro", "dir-rw", `{"x":1}`, "etc-ok", "299990"} {
+	// The jail's own mounts (/, /etc, /run) are the agent's tmpfs: read-only,
+	// or it could rename the managed settings away.
+	for _, want := range []string{"no-secret", "usr-ro", "dir-rw", `{"x":1}`, "etc-ok", "299990", "etc-ro", "root-ro", "run-ro"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output %q lacks %q", out, want)
 		}
