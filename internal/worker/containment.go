@@ -131,7 +131,7 @@ func (c *Config) validateContainment() error {
 // gives no jail and a warning listing what does not hold.
 func newJail(c Config, name string, probe *sandbox.User, log *slog.Logger) (*sandbox.Jail, error) {
 	if c.Containment == ContainmentWeak {
-		log.Warn("agent containment is weak (TALKIDE_CONTAINMENT=weak): agents see every process of the host, have no memory, process or CPU limit, can leave processes behind that escape the worker's search, and can loosen the permission policy through settings files; use only where the host cannot give the worker a jail")
+		log.Warn("agent containment is weak (TALKIDE_CONTAINMENT=weak): agents see every process of the host, have no memory, process or CPU limit, can leave processes behind that escape the worker's search, and no managed settings back the permission policy; use only where the host cannot give the worker a jail")
 		return nil, nil
 	}
 	j := &sandbox.Jail{Limits: c.AgentLimits}
