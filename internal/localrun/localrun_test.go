@@ -32,56 +32,10 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := buildBinaries(t)
-	addr, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := platformtest.AgentReachableTempDir(t)
 	const adminToken = "admin-token-for-the-smoke-test-0123456789"
-	out := &platformtest.LogBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{
-			StateDir: state, HTTPAddr: addr, BinDir: bin, Out: out,
-			ExtraEnv: []string{"TALKIDE_CLAUDE_BIN=" + claude, "TALKIDE_ADMIN_TOKEN=" + adminToken},
-			Logger:   slog.New(slog.DiscardHandler),
-		})
-	}()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("Run did not return within 60 s of cancellation")
-		}
-	}
+	r := startRun(t, claude, "TALKIDE_ADMIN_TOKEN="+adminToken)
+	bin, addr, state, out, tok, stop := r.bin, r.addr, r.state, r.out, r.tok, r.stop
 	defer stop()
-
-	tokRe := regexp.MustCompile(`User token:\s+(\S+)`)
-	var tok string
-	for deadline := time.Now().Add(90 * time.Second); tok == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if m := tokRe.FindStringSubmatch(out.String()); m != nil {
-			tok = m[1]
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(state))
-		default:
-		}
-	}
-	if tok == "" {
-		t.Fatalf("no banner within 90 s; output %q; logs:\n%s", out.String(), logs(state))
-	}
 	if !strings.Contains(out.String(), "http://"+addr+"/#token="+tok) {
 		t.Errorf("banner lacks the URL to open: %q", out.String())
 	}
@@ -365,4 +319,65 @@ func TestSuperviseStopsInReverseOrder(t *testing.T) {
 	if string(got) != "third\nsecond\nfirst\n" {
 		t.Errorf("stop order:\n%s\nwant third, second, first", got)
 	}
+}
+
+// run is a platform started by startRun.
+type run struct {
+	bin, addr, state string
+	out              *platformtest.LogBuffer
+	// tok is the user token the banner printed.
+	tok string
+	// stop cancels the run and waits for it (once; later calls do nothing).
+	stop func()
+}
+
+// startRun builds the binaries and runs the platform as `make run` does,
+// with the CLI claude and extra TALKIDE_* settings, and waits for its
+// banner. The test fails if it ends early or prints no banner.
+func startRun(t *testing.T, claude string, extraEnv ...string) *run {
+	t.Helper()
+	r := &run{bin: buildBinaries(t), state: platformtest.AgentReachableTempDir(t), out: &platformtest.LogBuffer{}}
+	var err error
+	if r.addr, err = freeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{StateDir: r.state, HTTPAddr: r.addr, BinDir: r.bin, Out: r.out,
+			ExtraEnv: append([]string{"TALKIDE_CLAUDE_BIN=" + claude}, extraEnv...), Logger: slog.New(slog.DiscardHandler)})
+	}()
+	stopped := false
+	r.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("Run did not return within 60 s of cancellation")
+		}
+	}
+	tokRe := regexp.MustCompile(`User token:\s+(\S+)`)
+	for deadline := time.Now().Add(90 * time.Second); r.tok == ""; time.Sleep(100 * time.Millisecond) {
+		if m := tokRe.FindStringSubmatch(r.out.String()); m != nil {
+			r.tok = m[1]
+		}
+		select {
+		case err := <-done:
+			stopped = true
+			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(r.state))
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.stop()
+			t.Fatalf("no banner within 90 s; output %q; logs:\n%s", r.out.String(), logs(r.state))
+		}
+	}
+	return r
 }

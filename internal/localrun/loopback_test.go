@@ -1,10 +1,8 @@
 package localrun
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
-	"github.com/talkide/talkide/internal/platformtest"
 )
 
 // TestLoopbackIsNoBackDoor guards against case C7: in the one-machine run
@@ -31,42 +28,9 @@ func TestLoopbackIsNoBackDoor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := buildBinaries(t)
-	addr, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := platformtest.AgentReachableTempDir(t)
-	out := &platformtest.LogBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{StateDir: state, HTTPAddr: addr, BinDir: bin, Out: out,
-			ExtraEnv: []string{"TALKIDE_CLAUDE_BIN=" + claude}, Logger: slog.New(slog.DiscardHandler)})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Error("Run did not return within 60 s of cancellation")
-		}
-	}()
-	tokRe := regexp.MustCompile(`User token:\s+(\S+)`)
-	var tok string
-	for deadline := time.Now().Add(90 * time.Second); tok == ""; time.Sleep(100 * time.Millisecond) {
-		if m := tokRe.FindStringSubmatch(out.String()); m != nil {
-			tok = m[1]
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(state))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no banner within 90 s; output %q; logs:\n%s", out.String(), logs(state))
-		}
-	}
+	r := startRun(t, claude)
+	addr, state, out, tok := r.addr, r.state, r.out, r.tok
+	defer r.stop()
 	tokenPath := filepath.Join(state, "metrics-token")
 	if !strings.Contains(out.String(), "Metrics token:      "+tokenPath) {
 		t.Errorf("the banner does not say where the metrics token is: %q", out.String())

@@ -103,36 +103,10 @@ func runCommand(t *testing.T, r *replica, conv, command string) string {
 	return result
 }
 
-// followTurn reads conv's events after after until the turn ends. Its
-// bound only guards against a hang: the real CLI can take a minute to start
-// on a loaded machine.
+// followTurn reads conv's events after after until the turn ends.
 func followTurn(t *testing.T, r *replica, conv string, after int64) []contract.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var got []contract.Event
-	for ctx.Err() == nil {
-		es, err := r.client.Events(ctx, conv, after)
-		if err != nil {
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		for {
-			ev, err := es.Next()
-			if err != nil {
-				break
-			}
-			got = append(got, ev)
-			after = ev.ID
-			if turnEnd(ev) {
-				es.Close()
-				return got
-			}
-		}
-		es.Close()
-	}
-	t.Fatalf("the turn of %s did not end; events %v", conv, platformtest.Summary(got))
-	return nil
+	return follow(t, r, conv, after, turnEnd)
 }
 
 func wantStatus(t *testing.T, err error, status int, what string) {
