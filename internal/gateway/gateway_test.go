@@ -518,17 +518,7 @@ func TestGatewayConcurrentCallsCannotOverspend(t *testing.T) {
 	tok := f.workerToken(t, convID, userID)
 	results := make(chan int, n)
 	for range n {
-		req := f.request(t.Context(), t, http.MethodPost, "/v1/messages", tok, strings.NewReader(body))
-		go func() {
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				results <- -1
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			results <- resp.StatusCode
-		}()
+		f.sendAsync(t, tok, body, results)
 	}
 	// All but the admitted call must answer while the admitted one is
 	// still held at the upstream door; then let it through.
@@ -588,17 +578,7 @@ func TestGatewayHugeMaxTokensCannotBypassBudget(t *testing.T) {
 	}()
 	send := func(body string) <-chan int {
 		ch := make(chan int, 1)
-		req := f.request(t.Context(), t, http.MethodPost, "/v1/messages", tok, strings.NewReader(body))
-		go func() {
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				ch <- -1
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			ch <- resp.StatusCode
-		}()
+		f.sendAsync(t, tok, body, ch)
 		return ch
 	}
 	// waitArrivalOr waits until the upstream has seen n calls or ch answers.

@@ -220,6 +220,24 @@ func messagesBody(stream bool, maxTokens int64) string {
 }
 
 // request builds a call to the gateway at apiPath (e.g. "/v1/messages").
+// sendAsync sends a messages call with tok and body in the background and
+// puts its status on out (-1 when the call itself failed), once its answer
+// was read to the end.
+func (f *fixture) sendAsync(t *testing.T, tok, body string, out chan<- int) {
+	t.Helper()
+	req := f.request(t.Context(), t, http.MethodPost, "/v1/messages", tok, strings.NewReader(body))
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- -1
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		out <- resp.StatusCode
+	}()
+}
+
 func (f *fixture) request(ctx context.Context, t testing.TB, method, apiPath, tok string, body io.Reader) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, f.gw.URL+contract.PathGatewayPrefix+apiPath, body)

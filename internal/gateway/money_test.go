@@ -237,21 +237,9 @@ func TestGatewayServerToolsCannotOverspend(t *testing.T) {
 				before := f.rec.arrivals.Load()
 				const n = 6
 				statuses := make(chan int, n)
-				var refused sync.WaitGroup
 				tok := f.workerToken(t, convID, user)
 				for range n {
-					req := f.request(t.Context(), t, http.MethodPost, "/v1/messages", tok, strings.NewReader(body))
-					refused.Add(1)
-					go func() {
-						resp, err := http.DefaultClient.Do(req)
-						if err != nil {
-							statuses <- -1
-							return
-						}
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						statuses <- resp.StatusCode
-					}()
+					f.sendAsync(t, tok, body, statuses)
 				}
 				got := map[int]int{}
 				waitFor(t, name+": every call admitted or refused", func() bool {
