@@ -14,6 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/pgtest"
 	"github.com/talkide/talkide/internal/token"
@@ -24,11 +25,19 @@ const adminToken = "admin-token-0123456789abcdef"
 type cpFixture struct {
 	url    string
 	master token.MasterKey
+	db     *controlstore.DB
 }
 
 // startControlPlane assembles the control plane as Run does, on SQLite or
 // (databaseURL set) PostgreSQL, with a development upstream.
 func startControlPlane(t *testing.T, databaseURL string, admin string) *cpFixture {
+	t.Helper()
+	return startControlPlaneWith(t, func(c *Config) { c.DatabaseURL, c.AdminToken = databaseURL, admin })
+}
+
+// startControlPlaneWith is startControlPlane on SQLite with the Config
+// changed by set before it is validated.
+func startControlPlaneWith(t *testing.T, set func(*Config)) *cpFixture {
 	t.Helper()
 	master, err := token.NewMasterKey("k1")
 	if err != nil {
@@ -37,8 +46,9 @@ func startControlPlane(t *testing.T, databaseURL string, admin string) *cpFixtur
 	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: "sk-up"}))
 	t.Cleanup(up.Close)
 	upURL, _ := url.Parse(up.URL)
-	cfg := Config{DBPath: filepath.Join(t.TempDir(), "cp.db"), DatabaseURL: databaseURL, AdminToken: admin,
+	cfg := Config{DBPath: filepath.Join(t.TempDir(), "cp.db"),
 		MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: "sk-up", Logger: slog.New(slog.DiscardHandler)}
+	set(&cfg)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +60,7 @@ func startControlPlane(t *testing.T, databaseURL string, admin string) *cpFixtur
 	s, _ := NewServer(cfg, db, spend)
 	srv := httptest.NewServer(s)
 	t.Cleanup(func() { srv.Close(); spend.close(); db.Close() })
-	return &cpFixture{url: srv.URL, master: master}
+	return &cpFixture{url: srv.URL, master: master, db: db}
 }
 
 func (f *cpFixture) do(t *testing.T, method, path, auth, body string) (int, []byte) {

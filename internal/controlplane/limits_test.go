@@ -3,12 +3,9 @@ package controlplane
 import (
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,8 +14,6 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/token"
 )
 
 // TestStreamThatCannotReachItsWorkerIsAnError guards the exhaustion case of
@@ -36,23 +31,8 @@ func TestStreamThatCannotReachItsWorkerIsAnError(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	t.Cleanup(worker.Close)
-	up := httptest.NewServer(devupstream.New(devupstream.Config{}))
-	t.Cleanup(up.Close)
-	upURL, _ := url.Parse(up.URL)
-	master, _ := token.NewMasterKey("k1")
-	cfg := Config{DBPath: filepath.Join(t.TempDir(), "cp.db"), MasterKeys: []token.MasterKey{master}, Upstream: upURL,
-		WorkerURLTemplate: worker.URL, Logger: slog.New(slog.DiscardHandler)}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	db, err := OpenDB(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spend := newSpendParts(cfg, db)
-	s, _ := NewServer(cfg, db, spend)
-	srv := httptest.NewServer(s)
-	t.Cleanup(func() { srv.Close(); spend.close(); db.Close() })
+	f := startControlPlaneWith(t, func(c *Config) { c.WorkerURLTemplate = worker.URL })
+	db := f.db
 	ctx := t.Context()
 	if err := db.UpsertUser(ctx, controlstore.User{ID: "alice", TokenHash: HashUserToken("tk_alice")}, [2]string{"acme", "dev"}); err != nil {
 		t.Fatal(err)
@@ -66,7 +46,7 @@ func TestStreamThatCannotReachItsWorkerIsAnError(t *testing.T) {
 	// database connection the handler uses warmed) before the limit drops.
 	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
 	get := func(path string) (*http.Response, error) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", f.url+path, nil)
 		req.Header.Set("Authorization", "Bearer tk_alice")
 		return client.Do(req)
 	}
