@@ -250,6 +250,9 @@ type Harness struct {
 	procs sync.WaitGroup
 	// createMu serializes the creation of conversations (quota.go).
 	createMu sync.Mutex
+	// replica is this process's replica lease (nil without Leases): the
+	// one renewal that keeps every conversation lease it holds.
+	replica *lease.Replica
 }
 
 // New returns a Harness storing state in store and routing model calls
@@ -260,6 +263,9 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 	}
 	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session), loading: make(map[string]chan struct{})}
 	h.slots.max = cfg.MaxProcesses
+	if cfg.Leases != nil {
+		h.replica = lease.NewReplica(cfg.Leases, h.loseAll)
+	}
 	if cfg.AgentUser != nil || cfg.AgentUIDs != nil {
 		// The roots of the per-conversation directories: agents pass
 		// through them to their own conversation's, and list nothing.
@@ -286,7 +292,7 @@ func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Ha
 func (h *Harness) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
-	if h.cfg.Leases != nil {
+	if h.replica != nil {
 		wg.Go(func() { h.renewLoop(loopCtx) })
 	}
 	wg.Go(func() { h.recoverLoop(loopCtx) })
@@ -369,10 +375,10 @@ func (h *Harness) load(conv, userID, model string, create bool) (*session, error
 		}
 	}
 	var held *lease.Held
-	if h.cfg.Leases != nil {
+	if h.replica != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		var err error
-		held, err = lease.Hold(ctx, h.cfg.Leases, conv)
+		held, err = h.replica.Hold(ctx, conv)
 		cancel()
 		var he *lease.HeldError
 		if errors.As(err, &he) {
@@ -483,6 +489,9 @@ func (h *Harness) with(conv, userID, model string, create bool, f func(s *sessio
 		}
 		err = f(s)
 		s.mu.Unlock()
+		// A conversation with nothing running and nobody following costs
+		// nothing: no open file, no lease.
+		s.maybeUnload()
 		return err
 	}
 	return fmt.Errorf("%w: session reloaded repeatedly", ErrUnavailable)

@@ -325,15 +325,17 @@ func countCLIProcesses(r *rig) int {
 }
 
 // TestTwoReplicasNeverDriveOneConversation runs two harnesses (replicas)
-// on one volume: the one that loads a conversation first owns it, the other
-// is refused with the owner's address; once the owner lets go (idle), the
-// other takes over and resumes with the history.
+// on one volume: the one that has a conversation loaded (here: a stream
+// follows it) owns it, the other is refused with the owner's address; once
+// the owner lets go (idle), the other takes over and resumes with the
+// history.
 func TestTwoReplicasNeverDriveOneConversation(t *testing.T) {
 	vol := t.TempDir()
 	up := devupstream.New(devupstream.Config{})
 	a := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up, idleTimeout: 300 * time.Millisecond})
 	b := startRig(t, rigOptions{volume: vol, holder: "replica-b", upstream: up, idleTimeout: 300 * time.Millisecond})
 	mustCreate(t, a.h, "shared")
+	ea := a.follow(t, "shared")
 	var noe *NotOwnerError
 	if _, err := b.h.Status("shared"); !errors.As(err, &noe) || noe.Owner.Holder != "replica-a" || noe.Owner.Address != "http://replica-a" {
 		t.Fatalf("replica b on a's conversation: got %v, want NotOwnerError naming replica-a", err)
@@ -341,7 +343,6 @@ func TestTwoReplicasNeverDriveOneConversation(t *testing.T) {
 	if _, err := b.h.SendMessage("shared", contract.SendMessageRequest{ClientMessageID: "m0", UserID: "u1", Text: "x"}); !errors.As(err, &noe) {
 		t.Fatalf("replica b sending: got %v, want NotOwnerError", err)
 	}
-	ea := a.follow(t, "shared")
 	mustSend(t, a.h, "shared", "m1", "please run `echo owned-by-a`")
 	waitFor(t, "a's turn", 60*time.Second, func() bool { return ea.count(contract.EventTurnCompleted) == 1 })
 	// Let a drop the conversation: no follower, idle process stopped.
@@ -404,31 +405,43 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 	return -1
 }
 
-// TestConcurrentLoadsOfOneConversation has many requests arrive at once for
-// a conversation no one has loaded: it is loaded once (one lease, one
-// session) and every request is served.
+// TestConcurrentLoadsOfOneConversation has many streams open at once on a
+// conversation no one has loaded: it is loaded once (one lease acquisition,
+// one session) and every stream is served.
 func TestConcurrentLoadsOfOneConversation(t *testing.T) {
 	vol := t.TempDir()
 	a := startRig(t, rigOptions{volume: vol, holder: "replica-a"})
 	mustCreate(t, a.h, "c")
 	a.stop() // releases the lease
+	before, err := a.h.cfg.Leases.Get(context.Background(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := startRig(t, rigOptions{volume: vol, holder: "replica-b"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for range 16 {
 		wg.Go(func() {
-			_, err := b.h.Status("c")
-			errs <- err
+			errs <- b.h.Follow(ctx, "c", 0, 0, func(contract.Event) error { return nil }, nil, func() error { errs <- nil; return nil })
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("status during concurrent loads: %v", err)
+	for range 16 {
+		if err := <-errs; err != nil {
+			t.Errorf("stream during concurrent loads: %v", err)
 		}
 	}
 	if n := len(b.h.loaded()); n != 1 {
 		t.Errorf("loaded sessions: %d, want 1", n)
 	}
+	after, err := b.h.cfg.Leases.Get(context.Background(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Generation != before.Generation+1 || after.Holder != "replica-b" {
+		t.Errorf("lease went from %+v to %+v, want one acquisition by replica-b", before, after)
+	}
+	cancel()
+	wg.Wait()
 }

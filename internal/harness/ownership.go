@@ -14,7 +14,6 @@ import (
 
 	"github.com/talkide/talkide/internal/agentfs"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/lease"
 )
 
 // This file keeps single ownership (leases), recovery after crashes and
@@ -29,11 +28,13 @@ func (s *session) ownedLocked() bool {
 	return s.held == nil || s.held.Valid()
 }
 
-// renewLoop renews the leases of loaded sessions every third of the lease
-// duration; a session whose lease is lost or can no longer be trusted is
-// dropped at once (its process killed) so two replicas never drive it.
+// renewLoop renews this process's replica lease every third of the lease
+// duration: one write per period whatever the number of conversations it
+// drives. When the trust lapses (no renewal in time) or the replica lease
+// is lost, the Replica calls loseAll.
 func (h *Harness) renewLoop(ctx context.Context) {
-	t := time.NewTicker(h.cfg.Leases.Duration() / 3)
+	every := h.replica.RenewEvery()
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -41,24 +42,26 @@ func (h *Harness) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, s := range h.loaded() {
-			if s.held == nil {
-				continue
-			}
-			rctx, cancel := context.WithTimeout(ctx, h.cfg.Leases.Duration()/3)
-			err := s.held.Renew(rctx)
-			cancel()
-			if err == nil {
-				continue
-			}
-			if errors.Is(err, lease.ErrLost) || !s.held.Valid() {
-				h.log.Error("conversation lease lost; dropping the session", "conversation", s.conv, "err", err)
-				s.lose()
-			} else {
-				h.log.Warn("renew conversation lease", "conversation", s.conv, "err", err)
-			}
+		rctx, cancel := context.WithTimeout(ctx, every)
+		err := h.replica.Heartbeat(rctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			h.log.Warn("renew the replica lease", "err", err)
 		}
 	}
+}
+
+// loseAll drops every loaded session that holds a lease: this process can
+// no longer trust any of them (reason says why).
+func (h *Harness) loseAll(reason error) {
+	lost := 0
+	for _, s := range h.loaded() {
+		if s.held != nil {
+			s.lose()
+			lost++
+		}
+	}
+	h.log.Error("replica lease not trusted; dropped every conversation this process drove", "count", lost, "err", reason)
 }
 
 // lose drops a session whose lease is gone: its process is killed without
@@ -95,7 +98,9 @@ func (s *session) unloadLocked() {
 
 // maybeUnload releases the lease and unloads the session when nothing keeps
 // it: no process, no turn, nothing queued, no follower. The next request
-// loads it again (on this or another replica).
+// loads it again (on this or another replica). Until the lease is released,
+// the conversation counts as loading, so a load of it in this process waits
+// and never races the release (case W1).
 func (s *session) maybeUnload() {
 	s.mu.Lock()
 	idle := !s.gone && s.proc == nil && s.meta.Turn == nil && len(s.meta.Pending) == 0 && s.followers == 0
@@ -103,13 +108,24 @@ func (s *session) maybeUnload() {
 		s.mu.Unlock()
 		return
 	}
+	h := s.h
+	done := make(chan struct{})
+	h.mu.Lock()
+	h.loading[s.conv] = done
+	h.mu.Unlock()
 	s.unloadLocked()
 	s.mu.Unlock()
 	if s.held != nil {
 		if err := s.held.Release(context.Background()); err != nil {
-			s.h.log.Warn("release conversation lease", "conversation", s.conv, "err", err)
+			h.log.Warn("release conversation lease", "conversation", s.conv, "err", err)
 		}
 	}
+	h.mu.Lock()
+	if h.loading[s.conv] == done {
+		delete(h.loading, s.conv)
+	}
+	h.mu.Unlock()
+	close(done)
 }
 
 // recoverLocked runs when a session is loaded: it cleans up after a
@@ -301,10 +317,11 @@ func (h *Harness) shutdown() {
 		s.mu.Lock()
 		s.unloadLocked()
 		s.mu.Unlock()
-		if s.held != nil {
-			if err := s.held.Release(context.Background()); err != nil {
-				h.log.Warn("release conversation lease", "conversation", s.conv, "err", err)
-			}
+	}
+	// One write frees every conversation this process held.
+	if h.replica != nil {
+		if err := h.replica.Release(context.Background()); err != nil {
+			h.log.Warn("release the replica lease", "err", err)
 		}
 	}
 }
