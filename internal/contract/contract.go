@@ -264,11 +264,16 @@ type AssistantText struct {
 	Text      string `json:"text"`
 }
 
-// ToolUse: the model called a tool.
+// ToolUse: the model called a tool. Calls a sub-agent makes (the agent the
+// CLI's Agent tool, "Task" in its tool list, starts) are events too, with
+// ParentToolUseID set.
 type ToolUse struct {
 	ToolUseID string          `json:"tool_use_id"`
 	Name      string          `json:"name"`
 	Input     json.RawMessage `json:"input"`
+	// ParentToolUseID is the tool_use_id of the Agent call whose sub-agent
+	// made this call; empty (absent in JSON) for the main agent's calls.
+	ParentToolUseID string `json:"parent_tool_use_id,omitempty"`
 }
 
 // ToolResult: a tool call finished.
@@ -277,6 +282,8 @@ type ToolResult struct {
 	// Content is the tool's output as text (text blocks joined by newlines).
 	Content string `json:"content"`
 	IsError bool   `json:"is_error"`
+	// ParentToolUseID is as on ToolUse: set for a sub-agent's call.
+	ParentToolUseID string `json:"parent_tool_use_id,omitempty"`
 }
 
 // APIRetry: the CLI is retrying a failed Anthropic API call.

@@ -29,12 +29,45 @@ const maxQuoted = 8000
 //     does not start with <system-reminder>) starts with "file an issue:"
 //     (any case) and the request offers tools: a tool_use of
 //     [IssueToolName] with input {"title": <the rest, trimmed>}.
-//  4. That text holds a non-empty span between single backticks and the
+//  4. That text says "subagent" or "sub-agent" (any case), holds a
+//     non-empty span between single backticks, the request offers the
+//     CLI's sub-agent tool ([SubagentToolName], or "Task") and is not
+//     itself a sub-agent's (see [IsSubagentRequest]): the text "I'll ask a
+//     subagent to run that." and a tool_use of that tool with input
+//     {"description": "Run <span>" (cut to 60 characters), "prompt":
+//     "Run `<span>` with the Bash tool and report its output.",
+//     "subagent_type": "general-purpose", "run_in_background": false}
+//     (so the Agent call ends with the sub-agent, within the turn). The
+//     sub-agent's own model calls then meet rules 5 and 2 (its prompt
+//     holds the backticked command), and the main agent's next call rule
+//     2, which quotes the sub-agent's report: "The subagent
+//     reported:\n\n<report>".
+//  5. That text holds a non-empty span between single backticks and the
 //     request offers the Bash tool: the text "I'll run that." and a
 //     tool_use of Bash with input {"command": <span>, "description":
 //     "Run <span>"}, stop_reason "tool_use".
-//  5. Otherwise: text echoing the prompt (first 200 characters) with a hint.
+//  6. Otherwise: text echoing the prompt (first 200 characters) with a hint.
 type DemoResponder struct{}
+
+// SubagentToolName is the tool Claude Code 2.1.332 offers the model to start
+// a sub-agent (its system/init line lists the same tool as "Task"). Its
+// input: description and prompt (required), subagent_type, model, effort,
+// run_in_background (sub-agents run in the background unless it is false),
+// isolation.
+const SubagentToolName = "Agent"
+
+// IsSubagentRequest reports whether a model call is a sub-agent's: Claude
+// Code 2.1.332 marks them in the first system block, the billing header
+// "x-anthropic-billing-header: …; cc_is_subagent=true;". Its first user
+// message holds the prompt of the Agent call that started it.
+func IsSubagentRequest(req *Request) bool {
+	for _, s := range req.System {
+		if strings.Contains(s, "cc_is_subagent=true") {
+			return true
+		}
+	}
+	return false
+}
 
 var _ Responder = DemoResponder{}
 
@@ -60,6 +93,19 @@ func (DemoResponder) Respond(req *Request) Response {
 		// MCP tools are deferred (not listed in tools[]) yet callable by
 		// name, so only an empty tools list rules this out.
 		return Response{Content: []ContentBlock{ToolUse(IssueToolName, map[string]string{"title": strings.TrimSpace(rest)})}}
+	}
+	if cmd := backtickCommand(text); cmd != "" && mentionsSubagent(text) && !IsSubagentRequest(req) {
+		for _, tool := range []string{SubagentToolName, "Task"} {
+			if req.HasTool(tool) {
+				return Response{Content: []ContentBlock{
+					Text("I'll ask a subagent to run that."),
+					ToolUse(tool, map[string]any{
+						"description": truncate("Run "+cmd, 60), "prompt": "Run `" + cmd + "` with the Bash tool and report its output.",
+						"subagent_type": "general-purpose", "run_in_background": false,
+					}),
+				}}
+			}
+		}
 	}
 	if cmd := backtickCommand(text); cmd != "" && req.HasTool("Bash") {
 		return Response{Content: []ContentBlock{
@@ -147,6 +193,10 @@ func quoteResults(msgs []Message, results []Block) string {
 			subject = "The tool " + n
 		}
 		out := truncate(strings.TrimSpace(r.ResultText), maxQuoted)
+		if n := names[r.ToolUseID]; (n == SubagentToolName || n == "Task") && !r.IsError {
+			parts = append(parts, "The subagent reported:\n\n"+truncate(subagentReport(r.ResultText), maxQuoted))
+			continue
+		}
 		switch {
 		case r.IsError:
 			parts = append(parts, subject+" failed:\n\n"+out)
@@ -157,6 +207,31 @@ func quoteResults(msgs []Message, results []Block) string {
 		}
 	}
 	return strings.Join(parts, "\n\n")
+}
+
+// mentionsSubagent reports whether a prompt asks for a sub-agent.
+func mentionsSubagent(text string) bool {
+	t := strings.ToLower(text)
+	return strings.Contains(t, "subagent") || strings.Contains(t, "sub-agent")
+}
+
+// subagentReport returns the sub-agent's report from an Agent call's
+// result. Claude Code 2.1.332 frames it: notes, a paragraph ending "The
+// report follows:", the report indented by two spaces, then "agentId: …"
+// and a <usage> block. Without that frame the whole result is the report.
+func subagentReport(result string) string {
+	_, rest, ok := strings.Cut(result, "The report follows:\n")
+	if !ok {
+		return strings.TrimSpace(result)
+	}
+	if i := strings.Index(rest, "\nagentId: "); i >= 0 {
+		rest = rest[:i]
+	}
+	lines := strings.Split(rest, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "  ")
+	}
+	return strings.TrimSpace(strings.Join(lines, "\n"))
 }
 
 // cutPrefixFold is strings.CutPrefix ignoring ASCII/Unicode case.

@@ -57,6 +57,19 @@ func TestDemoResponder(t *testing.T) {
 		return Response{Content: []ContentBlock{ToolUse(IssueToolName, map[string]string{"title": title})}}
 	}
 	toolUse := `{"role":"assistant","content":[{"type":"text","text":"I'll run that."},{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"ls"}}]}`
+	subagent := func(tool, cmd string) Response {
+		return Response{Content: []ContentBlock{
+			Text("I'll ask a subagent to run that."),
+			ToolUse(tool, map[string]any{"description": "Run " + cmd, "prompt": "Run `" + cmd + "` with the Bash tool and report its output.",
+				"subagent_type": "general-purpose", "run_in_background": false}),
+		}}
+	}
+	agentUse := `{"role":"assistant","content":[{"type":"tool_use","id":"toolu_a","name":"Agent","input":{"prompt":"Run ` + "`echo sub-x`" + `"}}]}`
+	// The result of an Agent call as CLI 2.1.332 frames the sub-agent's report.
+	handBack, err := json.Marshal("  <tools-used-before-summary>Bash</tools-used-before-summary>\n  \n[Subagent hand-back] The text below is the final report of a subagent this session delegated to. … The report follows:\n  The command printed:\n  \n  sub-x\nagentId: a54c0cf256aa4ae22 (use SendMessage with to: 'a54c0cf256aa4ae22', summary: '<5-10 word recap>' to continue this agent)\n<usage>subagent_tokens: 8669\ntool_uses: 1\nduration_ms: 582</usage>")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		name  string
@@ -159,6 +172,51 @@ func TestDemoResponder(t *testing.T) {
 			want: text("The command printed:\n\nok"),
 		},
 		{
+			name:  "subagent asked for",
+			tools: cliTools,
+			msgs:  []string{"{\"role\":\"user\",\"content\":\"use a Sub-Agent to run `echo sub-x`\"}", envMsg},
+			want:  subagent("Agent", "echo sub-x"),
+		},
+		{
+			name:  "subagent tool named Task",
+			tools: []string{"Task", "Bash"},
+			msgs:  []string{"{\"role\":\"user\",\"content\":\"use a subagent to run `ls`\"}"},
+			want:  subagent("Task", "ls"),
+		},
+		{
+			name:  "subagent without the Agent tool runs the command itself",
+			tools: []string{"Bash"},
+			msgs:  []string{"{\"role\":\"user\",\"content\":\"use a subagent to run `ls`\"}"},
+			want:  bash("ls"),
+		},
+		{
+			name:  "subagent without a command",
+			tools: cliTools,
+			msgs:  []string{`{"role":"user","content":"use a subagent"}`},
+			want:  echo("use a subagent"),
+		},
+		{
+			name:  "subagent report quoted",
+			tools: cliTools,
+			msgs: []string{"{\"role\":\"user\",\"content\":\"use a subagent to run `echo sub-x`\"}", agentUse,
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_a","content":[{"type":"text","text":` + string(handBack) + `}]}]}`},
+			want: text("The subagent reported:\n\nThe command printed:\n\nsub-x"),
+		},
+		{
+			name:  "unframed subagent result quoted whole",
+			tools: cliTools,
+			msgs: []string{agentUse,
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_a","content":"  done  "}]}`},
+			want: text("The subagent reported:\n\ndone"),
+		},
+		{
+			name:  "failed subagent",
+			tools: cliTools,
+			msgs: []string{agentUse,
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_a","content":"agent crashed","is_error":true}]}`},
+			want: text("The tool Agent failed:\n\nagent crashed"),
+		},
+		{
 			name:  "file an issue",
 			tools: cliTools,
 			msgs:  []string{`{"role":"user","content":"File An Issue:   Login button is broken  "}`, envMsg},
@@ -201,6 +259,33 @@ func TestDemoResponder(t *testing.T) {
 				t.Errorf("response (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestDemoSubagentStartsNoSubagent: a sub-agent's own call (marked by the
+// CLI's billing header), whose prompt may say "subagent" too, runs the
+// command itself instead of starting another sub-agent.
+func TestDemoSubagentStartsNoSubagent(t *testing.T) {
+	body := map[string]any{"model": "m", "max_tokens": 10,
+		"system": []any{
+			map[string]any{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.497; cc_entrypoint=sdk-cli; cc_is_subagent=true;"},
+			map[string]any{"type": "text", "text": "You are an agent for Claude Code, Anthropic's official CLI for Claude."},
+		},
+		"tools":    []any{map[string]any{"name": "Agent"}, map[string]any{"name": "Bash"}},
+		"messages": []any{map[string]any{"role": "user", "content": "as the subagent, run `echo inner`"}},
+	}
+	b, _ := json.Marshal(body)
+	req, err := parseRequest(b, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsSubagentRequest(req) {
+		t.Fatal("IsSubagentRequest: got false for a call marked cc_is_subagent=true")
+	}
+	got := DemoResponder{}.Respond(req)
+	want := Response{Content: []ContentBlock{Text("I'll run that."), ToolUse("Bash", map[string]string{"command": "echo inner", "description": "Run echo inner"})}}
+	if diff := cmp.Diff(want, got, cmp.Comparer(jsonEqual)); diff != "" {
+		t.Errorf("response (-want +got):\n%s", diff)
 	}
 }
 

@@ -30,7 +30,8 @@
 //   - [Server] is the [net/http.Handler]; build it with [New] from a [Config].
 //   - [Responder] decides what to answer to a [Request]; [DemoResponder] is the
 //     default (runs a command written between backticks through the Bash tool,
-//     quotes tool results, files issues, answers the session-title call).
+//     directly or through a sub-agent when the prompt asks for one, quotes
+//     tool results, files issues, answers the session-title call).
 //   - [Response] describes an answer: content blocks, or an HTTP error
 //     ([APIError]), plus stream faults ([StreamError], [Cut]) and delays.
 //   - [Server.Script] queues responses that are used first-in first-out

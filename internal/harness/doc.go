@@ -11,7 +11,8 @@
 // a CLAUDE_CONFIG_DIR, HOME and CLAUDE_CODE_TMPDIR of the conversation's own
 // are set (as root, the process also runs as a user of the conversation's
 // own: see Config.AgentUIDs). Ownership, crash recovery, the process cap and
-// shutdown are in ownership.go; permission requests in permissions.go. A
+// shutdown are in ownership.go; permission requests in permissions.go; the
+// translation of tool calls, sub-agents' included, in toolcalls.go. A
 // conversation's messages run one turn at a time; further messages wait in
 // its queue. A second message continues the same CLI session; when the
 // process is gone (idle timeout, stop, crash, worker restart) the next message

@@ -48,6 +48,10 @@ type session struct {
 	// before the session takes a process slot (agentfiles.go); nil once a
 	// start used it; guarded by mu.
 	files *agentFiles
+	// calls is what the live process's stdout showed of tool calls and
+	// sub-agents (toolcalls.go); reset when the process is gone; guarded by
+	// mu.
+	calls toolCalls
 }
 
 // configDir is the conversation's CLAUDE_CONFIG_DIR (its transcripts) and
@@ -188,7 +192,7 @@ func (s *session) pumpLocked() {
 				s.releaseSlotLocked()
 				continue
 			}
-			s.proc = p
+			s.proc, s.calls = p, toolCalls{}
 		}
 		next := s.meta.Pending[0]
 		s.meta.Pending = s.meta.Pending[1:]
@@ -257,36 +261,43 @@ func (s *session) handle(p *process, m streamjson.Message) {
 			s.h.log.Warn("claude code reports another session id", "conversation", s.conv, "session", s.meta.SessionID, "reported", m.SessionID)
 		}
 	case *streamjson.Assistant:
-		if m.ParentToolUseID != nil {
-			return // a sub-agent's inner message; its outcome arrives as the Agent tool's result
-		}
+		parent := parentOf(m.ParentToolUseID)
 		if m.IsAPIErrorMessage {
-			p.apiError = joinText(m.Message.Blocks())
+			if parent == "" { // a sub-agent's failure reaches the main agent as its Agent call's result
+				p.apiError = joinText(m.Message.Blocks())
+			}
 			return
 		}
 		for _, b := range m.Message.Blocks() {
 			switch b.Type {
 			case "text":
-				if strings.TrimSpace(b.Text) != "" {
+				// A sub-agent's text is left out: its final report is the
+				// Agent call's tool_result, and the CLI prints the rest
+				// only for sub-agents run in the background.
+				if parent == "" && strings.TrimSpace(b.Text) != "" {
 					s.emitLocked(contract.EventAssistantText, contract.AssistantText{MessageID: m.Message.ID, Text: b.Text})
 				}
 			case "tool_use":
-				input := b.Input
-				if len(input) == 0 {
-					input = json.RawMessage("{}")
+				if u, ok := s.calls.use(b.ID, b.Name, b.Input, parent, m.AgentID); ok {
+					s.emitLocked(contract.EventToolUse, u)
 				}
-				s.emitLocked(contract.EventToolUse, contract.ToolUse{ToolUseID: b.ID, Name: b.Name, Input: input})
 			}
 		}
 	case *streamjson.User:
-		if m.IsReplay || m.ParentToolUseID != nil {
+		if m.IsReplay {
 			return
 		}
+		// A sub-agent's user lines are its prompt (already in the Agent
+		// call's input) and its tool results.
 		for _, b := range m.Message.Blocks() {
 			if b.Type == "tool_result" {
-				s.emitLocked(contract.EventToolResult, contract.ToolResult{ToolUseID: b.ToolUseID, Content: b.ResultText(), IsError: b.IsError})
+				s.emitLocked(contract.EventToolResult, s.calls.result(b, parentOf(m.ParentToolUseID)))
 			}
 		}
+	case *streamjson.TaskStarted:
+		s.calls.agentStarted(m.TaskID, m.ToolUseID)
+	case *streamjson.TaskNotification:
+		s.calls.agentEnded(m.TaskID)
 	case *streamjson.APIRetry:
 		ev := contract.APIRetry{Attempt: m.Attempt, MaxRetries: m.MaxRetries, RetryDelayMS: m.RetryDelayMS, Error: m.Error}
 		if m.ErrorStatus != nil {
@@ -299,6 +310,10 @@ func (s *session) handle(p *process, m streamjson.Message) {
 		switch {
 		case s.mcpControlLocked(p, m):
 		case m.Subtype() == "can_use_tool":
+			// The client sees the call before any request about it.
+			if u, ok := s.calls.asked(m); ok {
+				s.emitLocked(contract.EventToolUse, u)
+			}
 			s.canUseToolLocked(p, m)
 		default:
 			p.send(answerControl(m))
@@ -413,6 +428,7 @@ func (s *session) exited(p *process) {
 		return
 	}
 	s.proc = nil
+	s.calls = toolCalls{}
 	s.h.proxy.Unregister(s.conv)
 	p.stopInterruptTimer()
 	s.meta.Process = nil

@@ -7,7 +7,7 @@
 //
 // Main types: Reader (unbounded-line reader of stdout), Parse and the message
 // types it returns (SystemInit, Assistant, User, Result, APIRetry,
-// ControlRequest, ControlResponse, Unknown), and the stdin encoders
+// TaskStarted, TaskNotification, ControlRequest, ControlResponse, Unknown), and the stdin encoders
 // (UserInput, Interrupt, ControlSuccess). It does not start processes (see
 // package harness) and keeps no state.
 package streamjson
@@ -82,7 +82,8 @@ func (r *Reader) Next() ([]byte, error) {
 }
 
 // Message is one parsed stdout line: *SystemInit, *Assistant, *User, *Result,
-// *APIRetry, *ControlRequest, *ControlResponse or *Unknown.
+// *APIRetry, *TaskStarted, *TaskNotification, *ControlRequest,
+// *ControlResponse or *Unknown.
 type Message interface{ messageType() string }
 
 type header struct {
@@ -104,6 +105,10 @@ func Parse(line []byte) (Message, error) {
 		m = &SystemInit{}
 	case h.Type == "system" && h.Subtype == "api_retry":
 		m = &APIRetry{}
+	case h.Type == "system" && h.Subtype == "task_started":
+		m = &TaskStarted{}
+	case h.Type == "system" && h.Subtype == "task_notification":
+		m = &TaskNotification{}
 	case h.Type == "assistant":
 		m = &Assistant{}
 	case h.Type == "user":
@@ -199,21 +204,30 @@ func (m APIMessage) Blocks() []ContentBlock {
 
 // Assistant is an assistant line: one content block of a model answer, or a
 // synthetic API error message (IsAPIErrorMessage).
+//
+// A line of a sub-agent (started by the main agent's Agent tool, listed as
+// "Task" in system/init) has ParentToolUseID set to that Agent call's
+// tool_use id and AgentID to the sub-agent's id (the task_id of its
+// TaskStarted); the main agent's lines have ParentToolUseID null and no
+// AgentID.
 type Assistant struct {
 	Message           APIMessage `json:"message"`
 	SessionID         string     `json:"session_id"`
 	ParentToolUseID   *string    `json:"parent_tool_use_id"`
+	AgentID           string     `json:"agent_id"`
 	RequestID         string     `json:"request_id"`
 	IsAPIErrorMessage bool       `json:"is_api_error_message"`
 	APIErrorStatus    int        `json:"api_error_status"`
 }
 
 // User is a user line: tool results (and, with --replay-user-messages,
-// echoed prompts).
+// echoed prompts). A sub-agent's lines (its prompt as a text block, its tool
+// results) carry ParentToolUseID and AgentID as on Assistant.
 type User struct {
 	Message         APIMessage `json:"message"`
 	SessionID       string     `json:"session_id"`
 	ParentToolUseID *string    `json:"parent_tool_use_id"`
+	AgentID         string     `json:"agent_id"`
 	UUID            string     `json:"uuid"`
 	IsReplay        bool       `json:"isReplay"`
 }
@@ -252,6 +266,28 @@ type APIRetry struct {
 	Error        string `json:"error"`
 }
 
+// TaskStarted is a system/task_started line: a background task began. For a
+// sub-agent (TaskType "local_agent") TaskID is the sub-agent's id (the
+// agent_id of its lines and of its can_use_tool requests) and ToolUseID the
+// Agent call that started it. Bash commands that run a while start tasks
+// too (TaskType "local_bash").
+type TaskStarted struct {
+	TaskID         string `json:"task_id"`
+	ToolUseID      string `json:"tool_use_id"`
+	TaskType       string `json:"task_type"`
+	SubagentType   string `json:"subagent_type"`
+	Description    string `json:"description"`
+	IsBackgrounded bool   `json:"is_backgrounded"`
+}
+
+// TaskNotification is a system/task_notification line: a task ended
+// (Status "completed", …). Fields as on TaskStarted.
+type TaskNotification struct {
+	TaskID    string `json:"task_id"`
+	ToolUseID string `json:"tool_use_id"`
+	Status    string `json:"status"`
+}
+
 // ControlRequest is a request from the CLI to the host (can_use_tool,
 // hook_callback, mcp_message) or the echo of none: the host answers each with
 // a ControlResponse of the same RequestID.
@@ -284,14 +320,16 @@ type Unknown struct {
 	Raw     json.RawMessage
 }
 
-func (*SystemInit) messageType() string      { return "system/init" }
-func (*APIRetry) messageType() string        { return "system/api_retry" }
-func (*Assistant) messageType() string       { return "assistant" }
-func (*User) messageType() string            { return "user" }
-func (*Result) messageType() string          { return "result" }
-func (*ControlRequest) messageType() string  { return "control_request" }
-func (*ControlResponse) messageType() string { return "control_response" }
-func (u *Unknown) messageType() string       { return u.Type }
+func (*SystemInit) messageType() string       { return "system/init" }
+func (*APIRetry) messageType() string         { return "system/api_retry" }
+func (*TaskStarted) messageType() string      { return "system/task_started" }
+func (*TaskNotification) messageType() string { return "system/task_notification" }
+func (*Assistant) messageType() string        { return "assistant" }
+func (*User) messageType() string             { return "user" }
+func (*Result) messageType() string           { return "result" }
+func (*ControlRequest) messageType() string   { return "control_request" }
+func (*ControlResponse) messageType() string  { return "control_response" }
+func (u *Unknown) messageType() string        { return u.Type }
 
 // UserInput encodes a user message for stdin. uuid, when set, becomes the
 // transcript uuid of the message.

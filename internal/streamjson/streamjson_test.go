@@ -138,3 +138,67 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestParseObservedSubagentTurn parses a turn of CLI 2.1.332 in which the
+// main agent ran a sub-agent (Agent tool, run_in_background false) whose Bash
+// call needed permission: the sub-agent's lines carry parent_tool_use_id and
+// agent_id, task_started links the agent id to the Agent call, and the
+// can_use_tool request names the agent.
+func TestParseObservedSubagentTurn(t *testing.T) {
+	b, err := os.ReadFile("testdata/subagent.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var msgs []Message
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		m, err := Parse(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m.messageType())
+		msgs = append(msgs, m)
+	}
+	// The bare "system" lines are task_progress and task_updated (Unknown).
+	want := "system/init assistant system/task_started user system assistant control_request user system system/task_notification user assistant result"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("types: got %q, want %q", strings.Join(got, " "), want)
+	}
+	agentCall := msgs[1].(*Assistant).Message.Blocks()[0]
+	if agentCall.Name != "Agent" || msgs[1].(*Assistant).ParentToolUseID != nil {
+		t.Fatalf("main agent's call: got %+v", msgs[1])
+	}
+	started := msgs[2].(*TaskStarted)
+	if started.ToolUseID != agentCall.ID || started.TaskType != "local_agent" || started.TaskID == "" || started.IsBackgrounded {
+		t.Errorf("task_started: got %+v, want the Agent call %s", started, agentCall.ID)
+	}
+	prompt := msgs[3].(*User)
+	if prompt.ParentToolUseID == nil || *prompt.ParentToolUseID != agentCall.ID || prompt.AgentID != started.TaskID {
+		t.Errorf("sub-agent prompt: got parent %v, agent %q", prompt.ParentToolUseID, prompt.AgentID)
+	}
+	inner := msgs[5].(*Assistant)
+	bash := inner.Message.Blocks()[0]
+	if bash.Name != "Bash" || inner.ParentToolUseID == nil || *inner.ParentToolUseID != agentCall.ID || inner.AgentID != started.TaskID {
+		t.Errorf("sub-agent's Bash call: got %+v (parent %v, agent %q)", bash, inner.ParentToolUseID, inner.AgentID)
+	}
+	ask := msgs[6].(*ControlRequest)
+	var req struct {
+		ToolUseID string `json:"tool_use_id"`
+		AgentID   string `json:"agent_id"`
+	}
+	if ask.Subtype() != "can_use_tool" || json.Unmarshal(ask.Request, &req) != nil || req.ToolUseID != bash.ID || req.AgentID != started.TaskID {
+		t.Errorf("can_use_tool: got %s", ask.Request)
+	}
+	res := msgs[7].(*User)
+	if r := res.Message.Blocks()[0]; r.ToolUseID != bash.ID || r.ResultText() != "sub-x" || res.ParentToolUseID == nil {
+		t.Errorf("sub-agent's tool_result: got %+v", res)
+	}
+	done := msgs[9].(*TaskNotification)
+	if done.TaskID != started.TaskID || done.ToolUseID != agentCall.ID || done.Status != "completed" {
+		t.Errorf("task_notification: got %+v", done)
+	}
+	outer := msgs[10].(*User)
+	if r := outer.Message.Blocks()[0]; r.ToolUseID != agentCall.ID || !strings.Contains(r.ResultText(), "sub-x") || outer.ParentToolUseID != nil {
+		t.Errorf("Agent tool_result: got %+v", outer)
+	}
+}
