@@ -19,7 +19,12 @@ import (
 // 2.1.332: the resumed request holds the whole history, plus a system
 // message "# Environment update" giving the new and the old directory), so
 // transcripts need no migration; readTranscript looks in every projects/
-// folder too.
+// folder too. What a move does lose is the CLI's auto-memory: it reads
+// MEMORY.md from projects/<new directory>/memory/, while the system prompt
+// it recorded in the transcript (a prompt_snapshot record, re-sent on every
+// resume) still tells the model to write memories under the old
+// CLAUDE_CONFIG_DIR, which the jail does not have. Only stable paths inside
+// the jail (the volume bound at a fixed path) would keep that.
 
 // resolveWorkDirLocked sets the session's working directory from its state,
 // saving migrated state at once (so state.json stops naming a path of an
