@@ -133,7 +133,9 @@ type SessionStatus struct {
 	// SessionID is the Claude Code session id (a UUID), the name of the
 	// transcript file under CLAUDE_CONFIG_DIR/projects.
 	SessionID string `json:"session_id"`
-	// WorkDir is the absolute working directory of the agent.
+	// WorkDir is the absolute working directory of the agent, under the
+	// worker's current workspace root; empty when the worker refused the
+	// conversation's stored state (it names a directory outside the root).
 	WorkDir string `json:"work_dir"`
 	// ProcessRunning is true while a CLI process is alive for the session.
 	ProcessRunning bool `json:"process_running"`

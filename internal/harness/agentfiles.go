@@ -74,10 +74,10 @@ func (s *session) prepareStartLocked() {
 	if f.transcriptErr != nil {
 		s.h.log.Warn("transcript refused", "conversation", s.conv, "session", s.meta.SessionID, "category", agentfs.Category(f.transcriptErr))
 	}
-	if s.h.cfg.MCP != nil {
+	if s.h.cfg.MCP != nil && s.workDir != "" {
 		// Beneath the workspace root, the worker's: the working directory
 		// itself is resolved with no symlink either.
-		f.mcpDoc, f.mcpErr = agentfs.ReadFile(filepath.Dir(s.meta.WorkDir), filepath.Base(s.meta.WorkDir)+"/.mcp.json",
+		f.mcpDoc, f.mcpErr = agentfs.ReadFile(s.h.cfg.WorkspaceRoot, filepath.Base(s.workDir)+"/.mcp.json",
 			agentfs.Limits{MaxBytes: mcppolicy.MaxFileBytes, UID: uid})
 		switch {
 		case errors.Is(f.mcpErr, fs.ErrNotExist):

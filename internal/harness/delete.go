@@ -93,7 +93,7 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	}
 	if h.cfg.AgentUIDs == nil {
 		var errs []error
-		for _, d := range h.convDirs(conv, meta.WorkDir) {
+		for _, d := range h.convDirs(conv) {
 			errs = append(errs, os.RemoveAll(d))
 		}
 		if err := errors.Join(errs...); err != nil {
@@ -110,12 +110,12 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	return out, nil
 }
 
-// convDirs are the directories of conv the agent can write to.
-func (h *Harness) convDirs(conv, workDir string) []string {
-	if workDir == "" {
-		workDir = filepath.Join(h.cfg.WorkspaceRoot, conv)
-	}
-	return []string{workDir, filepath.Join(h.cfg.ConfigDir, conv), filepath.Join(h.cfg.HomeDir, conv), filepath.Join(h.cfg.TmpRoot, conv)}
+// convDirs are the directories of conv the agent can write to, all under
+// this worker's roots. Never the working directory a state file names: after
+// the session volume moved, or in a restored copy beside the original, that
+// path is not this conversation's to remove (workdir.go).
+func (h *Harness) convDirs(conv string) []string {
+	return []string{filepath.Join(h.cfg.WorkspaceRoot, conv), filepath.Join(h.cfg.ConfigDir, conv), filepath.Join(h.cfg.HomeDir, conv), filepath.Join(h.cfg.TmpRoot, conv)}
 }
 
 // releaseUIDsOf releases every agent uid claimed for conv (its stored one
@@ -123,11 +123,7 @@ func (h *Harness) convDirs(conv, workDir string) []string {
 // directories with them. Without AgentUIDs it removes the directories of
 // a conversation whose state is gone.
 func (h *Harness) releaseUIDsOf(conv string, meta *sessionstore.Meta) error {
-	workDir := ""
-	if meta != nil {
-		workDir = meta.WorkDir
-	}
-	dirs := h.convDirs(conv, workDir)
+	dirs := h.convDirs(conv)
 	r := h.cfg.AgentUIDs
 	if r == nil {
 		return nil
@@ -174,7 +170,7 @@ func (h *Harness) ReclaimOrphanUIDs() (int, error) {
 		if _, err := h.store.LoadMeta(owner); !errors.Is(err, sessionstore.ErrNotFound) {
 			continue
 		}
-		if err := r.Release(owner, uid, h.convDirs(owner, "")...); err != nil {
+		if err := r.Release(owner, uid, h.convDirs(owner)...); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -424,6 +424,7 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 			Model:          model,
 			CreatedAt:      time.Now().UTC(),
 			SessionID:      uuid.NewString(),
+			Workspace:      conv,
 			WorkDir:        filepath.Join(h.cfg.WorkspaceRoot, conv),
 		}
 		if err := os.MkdirAll(meta.WorkDir, 0o700); err != nil {
@@ -442,6 +443,7 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 	s := &session{h: h, conv: conv, meta: meta, log: elog, held: held}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.resolveWorkDirLocked()
 	if r := h.cfg.AgentUIDs; r != nil {
 		if err := s.agentUIDLocked(r); err != nil {
 			elog.Close()

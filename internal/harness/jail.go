@@ -67,7 +67,7 @@ func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.R
 			args = append(args, "--mcp-config", path)
 		}
 		cmd := exec.Command(cfg.ClaudeBin, args...)
-		cmd.Dir = s.meta.WorkDir
+		cmd.Dir = s.workDir
 		cmd.Env = env
 		// Own process group, so the CLI and every tool it spawns are
 		// signalled together; Pdeathsig kills the CLI if the worker dies.
@@ -87,8 +87,8 @@ func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.R
 		return nil, nil, fmt.Errorf("find the CLI: %w", err)
 	}
 	cell, err := cfg.Jail.Command(sandbox.Spec{
-		Name: s.conv, User: s.agentUser(), Path: bin, Args: args, Env: env, Dir: s.meta.WorkDir,
-		Writable: []string{s.meta.WorkDir, s.configDir(), s.homeDir(), tmp},
+		Name: s.conv, User: s.agentUser(), Path: bin, Args: args, Env: env, Dir: s.workDir,
+		Writable: []string{s.workDir, s.configDir(), s.homeDir(), tmp},
 		// The CLI's npm package (its binary and what ships beside it).
 		ReadOnly: []string{filepath.Dir(filepath.Dir(bin))},
 		Files:    files,
@@ -183,7 +183,7 @@ func (s *session) checkLimits(p *process) {
 // checkDisk stops p's turn when the conversation's directories take more
 // than Config.DiskLimit.
 func (s *session) checkDisk(p *process) {
-	used, err := sandbox.DiskUsage(s.meta.WorkDir, s.configDir(), s.homeDir(), s.tmpDir())
+	used, err := sandbox.DiskUsage(s.workDir, s.configDir(), s.homeDir(), s.tmpDir())
 	if err != nil {
 		s.h.log.Warn("measure the conversation's disk use", "conversation", s.conv, "err", err)
 		return

@@ -107,7 +107,7 @@ func (s *session) mcpLocked() (*mcpProcess, error) {
 		return m, nil
 	}
 	f := s.filesLocked()
-	setup, err := s.h.cfg.MCP.MCPServers(MCPConversation{ConversationID: s.conv, UserID: s.meta.UserID, WorkDir: s.meta.WorkDir,
+	setup, err := s.h.cfg.MCP.MCPServers(MCPConversation{ConversationID: s.conv, UserID: s.meta.UserID, WorkDir: s.workDir,
 		ProjectConfig: f.mcpDoc, ProjectConfigRefused: f.mcpErr != nil})
 	if err != nil {
 		return nil, fmt.Errorf("set up MCP servers: %w", err)

@@ -136,10 +136,7 @@ func (s *session) maybeUnload() {
 func (s *session) recoverLocked() {
 	changed := false
 	if pi := s.meta.Process; pi != nil {
-		tmp := pi.TmpDir
-		if tmp == "" {
-			tmp = s.tmpDir()
-		}
+		tmp := s.leftoverTmpDir(pi)
 		if n := killByMarker(tmp); n > 0 {
 			s.h.log.Warn("killed leftover processes of a crashed session", "conversation", s.conv, "pid", pi.PID, "count", n)
 		}

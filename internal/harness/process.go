@@ -179,6 +179,9 @@ func (p *process) terminate(grace time.Duration) {
 // startLocked starts a CLI process for the session.
 func (s *session) startLocked() (*process, error) {
 	cfg := s.h.cfg
+	if err := s.workDirRefusal(); err != nil {
+		return nil, err
+	}
 	resume := s.resumeModeLocked()
 	tmp := filepath.Join(cfg.TmpRoot, s.conv)
 	// A clean private tmp dir per process: no stale sockets or files of a
@@ -187,7 +190,7 @@ func (s *session) startLocked() (*process, error) {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("create tmp dir: %w", err)
 	}
-	for _, d := range []string{s.meta.WorkDir, s.configDir(), s.homeDir()} {
+	for _, d := range []string{s.workDir, s.configDir(), s.homeDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create the agent's directories: %w", err)
 		}
@@ -196,7 +199,7 @@ func (s *session) startLocked() (*process, error) {
 		if err := u.PrepareDir(cfg.TmpRoot, tmp); err != nil {
 			return nil, err
 		}
-		for _, d := range []string{s.meta.WorkDir, s.configDir(), s.homeDir()} {
+		for _, d := range []string{s.workDir, s.configDir(), s.homeDir()} {
 			if err := sandbox.ChownTree(d, *u); err != nil {
 				return nil, fmt.Errorf("give the agent its directories: %w", err)
 			}
@@ -225,7 +228,7 @@ func (s *session) startLocked() (*process, error) {
 	if s.meta.Model != "" {
 		args = append(args, "--model", s.meta.Model)
 	}
-	args = append(args, projectInstructionsArgs(s.meta.WorkDir)...)
+	args = append(args, projectInstructionsArgs(s.workDir)...)
 	mcp, err := s.mcpLocked()
 	if err != nil {
 		return nil, err

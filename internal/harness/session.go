@@ -44,6 +44,11 @@ type session struct {
 	// resolved remembers the ids of recently resolved permission requests
 	// (to answer a late answer with 409); guarded by mu.
 	resolved []string
+	// workDir is the agent's working directory, under the workspace root;
+	// empty, with workDirErr set, when the stored state was refused
+	// (workdir.go). Set once at load.
+	workDir    string
+	workDirErr error
 	// files is what the next CLI start needs from the agent's files, read
 	// before the session takes a process slot (agentfiles.go); nil once a
 	// start used it; guarded by mu.
@@ -75,7 +80,7 @@ func (s *session) statusLocked() contract.SessionStatus {
 		UserID:         s.meta.UserID,
 		State:          contract.StateIdle,
 		SessionID:      s.meta.SessionID,
-		WorkDir:        s.meta.WorkDir,
+		WorkDir:        s.workDir,
 		ProcessRunning: s.proc != nil,
 		QueuedMessages: len(s.meta.Pending),
 		LastEventID:    s.log.LastID(),

@@ -32,9 +32,16 @@ type Meta struct {
 	CreatedAt      time.Time `json:"created_at"`
 	// SessionID is the Claude Code session id (UUID) of the conversation.
 	SessionID string `json:"session_id"`
-	// WorkDir is the agent's absolute working directory; the same path on
-	// every replica, so the CLI finds its transcript after a move.
-	WorkDir string `json:"work_dir"`
+	// Workspace is the agent's working directory as a name under the
+	// worker's workspace root (the conversation id), so nothing stored
+	// depends on where the session volume is mounted (see WorkDirIn).
+	Workspace string `json:"workspace,omitempty"`
+	// WorkDir is the working directory's absolute path on the worker that
+	// saved the state. Workers that predate Workspace run from it, so it is
+	// still written (during a rolling update they may load a conversation
+	// again); this worker reads it only to migrate state without Workspace
+	// and never trusts its directory part.
+	WorkDir string `json:"work_dir,omitempty"`
 	// Stopped is set by a Stop command and cleared by the next message.
 	Stopped bool `json:"stopped,omitempty"`
 	// AcceptedMessages are the client message ids accepted so far, newest
@@ -94,7 +101,10 @@ type ProcessInfo struct {
 	Incarnation string    `json:"incarnation"`
 	StartedAt   time.Time `json:"started_at"`
 	// TmpDir is the process's CLAUDE_CODE_TMPDIR: every process it started
-	// carries it in its environment, which is how leftovers are found.
+	// carries it in its environment, which is how leftovers are found. For
+	// diagnosis: a successor looks for leftovers by its own tmp dir of the
+	// conversation, since this path may be another worker's after the
+	// session volume moved.
 	TmpDir string `json:"tmp_dir"`
 }
 
@@ -159,8 +169,8 @@ func (s *Store) Dir(conv string) string {
 }
 
 // LoadMeta reads a conversation's state. It returns ErrNotFound when the
-// conversation has none, and an error wrapping ErrFormat for a file of
-// another format version.
+// conversation has none, an error wrapping ErrFormat for a file of another
+// format version, and an error for a file naming another conversation.
 func (s *Store) LoadMeta(conv string) (*Meta, error) {
 	b, err := os.ReadFile(filepath.Join(s.Dir(conv), "state.json"))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -175,6 +185,10 @@ func (s *Store) LoadMeta(conv string) (*Meta, error) {
 	}
 	if m.Format != FormatVersion {
 		return nil, fmt.Errorf("load state of %s: %w: version %d, want %d", conv, ErrFormat, m.Format, FormatVersion)
+	}
+	if m.ConversationID != conv {
+		// Saved back, it would land in another conversation's directory.
+		return nil, fmt.Errorf("load state of %s: it names conversation %q", conv, m.ConversationID)
 	}
 	return &m, nil
 }
