@@ -32,23 +32,29 @@ func (s *Server) storeConversation(ctx context.Context, c controlstore.Conversat
 	return err
 }
 
-// refusedByWorker handles the worker's answer err to the creation of c's
-// session: a quota refusal of the worker (its own caps, or no agent uid
-// free on its host) undoes the conversation and becomes the answer; any
-// other outcome returns nil (a worker that is down creates the session on
-// the first message).
-func (s *Server) refusedByWorker(c controlstore.Conversation, err error) error {
-	var we *workerclient.Error
-	if !errors.As(err, &we) || we.Status != http.StatusTooManyRequests {
-		return nil
-	}
+// notCreatedOnWorker handles a failed creation of c's session on its
+// worker (err != nil), so that a 201 always means the worker has the
+// session and nothing stays half-made otherwise: the conversation is undone
+// here, and unless the worker refused outright (429: its caps, or no agent
+// uid free on its host) it is also deleted on the worker, which may have
+// stored the session before failing or before its answer was lost. The
+// answer is the worker's refusal: 429, 503 with Retry-After (unreachable,
+// or not taking new work: out of open files, disk or memory), or 502.
+func (s *Server) notCreatedOnWorker(c controlstore.Conversation, wc *workerclient.Client, err error) error {
 	// Not the request's context: the undo must happen even if the client
 	// has gone.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
-		s.log.Error("undo a conversation the worker refused", "conversation", c.ID, "err", derr)
+	var we *workerclient.Error
+	if wc != nil && !(errors.As(err, &we) && we.Status == http.StatusTooManyRequests) {
+		if _, derr := wc.DeleteSession(ctx, c.ID); derr != nil && !(errors.As(derr, &we) && we.Status == http.StatusNotFound) {
+			s.log.Warn("remove a session the worker may have half-created", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", derr)
+		}
 	}
+	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
+		s.log.Error("undo a conversation the worker did not create", "conversation", c.ID, "err", derr)
+	}
+	s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
 	return workerError(err)
 }
 
