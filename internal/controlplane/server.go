@@ -168,7 +168,7 @@ func workerError(err error) error {
 			// worker is a platform fault (keys, clocks), not the user's.
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the worker refused the control plane's request", err)
 		case we.Status == http.StatusServiceUnavailable:
-			return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is not taking work right now ("+we.Msg+"); try again shortly", err))
+			return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is not taking new work: "+we.Msg, err))
 		case we.Status >= 500:
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
