@@ -85,6 +85,13 @@ func configFromEnv() (worker.Config, error) {
 			*dst = u
 		}
 	}
+	if v := os.Getenv("TALKIDE_MIN_FREE_DISK"); v != "" {
+		n, err := worker.ParseBytes(v)
+		if err != nil {
+			return cfg, fmt.Errorf("TALKIDE_MIN_FREE_DISK: %w", err)
+		}
+		cfg.MinFreeDisk = n
+	}
 	if err := worker.ParseContainment(os.Getenv, &cfg); err != nil {
 		return cfg, err
 	}

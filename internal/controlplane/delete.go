@@ -32,23 +32,31 @@ func (s *Server) storeConversation(ctx context.Context, c controlstore.Conversat
 	return err
 }
 
-// refusedByWorker handles the worker's answer err to the creation of c's
-// session: a quota refusal of the worker (its own caps, or no agent uid
-// free on its host) undoes the conversation and becomes the answer; any
-// other outcome returns nil (a worker that is down creates the session on
-// the first message).
-func (s *Server) refusedByWorker(c controlstore.Conversation, err error) error {
-	var we *workerclient.Error
-	if !errors.As(err, &we) || we.Status != http.StatusTooManyRequests {
-		return nil
-	}
+// notCreatedOnWorker handles a failed creation of c's session on its
+// worker (err != nil), so that a 201 always means the worker has the
+// session and nothing stays half-made otherwise: the conversation is undone
+// here, and when the outcome on the worker is unknown (no answer, or a
+// failure other than a refusal) the session is deleted on the worker too,
+// which may have stored it before failing or before its answer was lost.
+// A refusal (429: its caps or no agent uid free; 503: not taking new work,
+// out of open files, disk or memory) is given before the session is made.
+// The answer is the worker's: 429, 503 with Retry-After, or 502.
+func (s *Server) notCreatedOnWorker(c controlstore.Conversation, wc *workerclient.Client, err error) error {
 	// Not the request's context: the undo must happen even if the client
 	// has gone.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
-		s.log.Error("undo a conversation the worker refused", "conversation", c.ID, "err", derr)
+	var we *workerclient.Error
+	refused := errors.As(err, &we) && (we.Status == http.StatusTooManyRequests || we.Status == http.StatusServiceUnavailable)
+	if wc != nil && !refused {
+		if _, derr := wc.DeleteSession(ctx, c.ID); derr != nil && !(errors.As(derr, &we) && we.Status == http.StatusNotFound) {
+			s.log.Warn("remove a session the worker may have half-created", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", derr)
+		}
 	}
+	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
+		s.log.Error("undo a conversation the worker did not create", "conversation", c.ID, "err", derr)
+	}
+	s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
 	return workerError(err)
 }
 

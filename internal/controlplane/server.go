@@ -168,15 +168,21 @@ func workerError(err error) error {
 			// worker is a platform fault (keys, clocks), not the user's.
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the worker refused the control plane's request", err)
 		case we.Status == http.StatusServiceUnavailable:
-			return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is not taking work right now; try again shortly", err)
+			return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is not taking new work: "+we.Msg, err))
 		case we.Status >= 500:
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
 		return httpapi.Wrap(we.Status, we.Type, we.Msg, err)
 	case errors.Is(err, workerclient.ErrUnavailable):
-		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err)
+		return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err))
 	}
 	return err
+}
+
+// retryLater adds Retry-After to a 503.
+func retryLater(e *httpapi.Error) *httpapi.Error {
+	e.Header = http.Header{"Retry-After": {"2"}}
+	return e
 }
 
 // retryable reports whether a worker call may succeed if repeated: the
@@ -246,22 +252,21 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 	if err := s.storeConversation(r.Context(), c); err != nil {
 		return err
 	}
-	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
-	// Create the session on the worker now so the first message starts
-	// faster; if the worker is down, the first message creates it.
-	if wc, err := s.workers.client(c.Tenant, c.Env); err == nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model})
-		cancel()
-		if rerr := s.refusedByWorker(c, err); rerr != nil {
-			return rerr
-		}
-		if err != nil {
-			s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
-		} else {
-			resp.Worker = &st
-		}
+	// The session is created on the worker before the answer: a 201 means
+	// the worker has it (with the requested model). When the worker refuses
+	// or cannot be reached, the conversation is undone and the answer says
+	// so (notCreatedOnWorker): the client retries the create.
+	wc, err := s.workers.client(c.Tenant, c.Env)
+	if err != nil {
+		return s.notCreatedOnWorker(c, nil, err)
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model})
+	cancel()
+	if err != nil {
+		return s.notCreatedOnWorker(c, wc, err)
+	}
+	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env, Worker: &st}
 	httpapi.WriteJSON(w, http.StatusCreated, resp)
 	return nil
 }

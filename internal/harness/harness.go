@@ -117,6 +117,10 @@ type Config struct {
 	// waiting work that no live replica owns (handed over by a replica that
 	// shut down or died). Default 5 s.
 	RecoverInterval time.Duration
+	// AdmitLoad, when set, is asked before a conversation is loaded, with
+	// the number loaded (or loading) now; an error refuses the load and is
+	// returned unchanged (admit.go). Nil admits every load.
+	AdmitLoad func(loaded int) error
 }
 
 func (c *Config) setDefaults() error {
@@ -341,6 +345,10 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 			// owner serves the conversation.
 			h.mu.Unlock()
 			return nil, fmt.Errorf("%w: worker shutting down", ErrUnavailable)
+		}
+		if err := h.admitLoadLocked(); err != nil {
+			h.mu.Unlock()
+			return nil, err
 		}
 		// Load without holding mu: taking a lease may be a network call
 		// (Kubernetes), and other conversations must not wait for it.

@@ -10,7 +10,9 @@
 // at a time; conversations proceed independently (a bounded number at
 // once). A report the control plane refuses for good (4xx other than 408
 // and 429) is moved to dead/ with a log line and a metric, and the
-// conversation's next report follows.
+// conversation's next report follows. The worker's own trouble (out of
+// open files or memory while reading an entry) is retried like an
+// unreachable control plane: a stored report is never dropped for it.
 //
 // The outbox is bounded (Config.MaxEntries, Config.MaxBytes). When full,
 // Put fails with ErrFull, counts talkide_worker_outbox_full_total and logs
@@ -256,7 +258,10 @@ func (o *Outbox) addLocked(conv string, seq, size int64) {
 }
 
 // Put stores a report for conversation conv durably and returns its seq. It
-// fails with ErrFull when the outbox is at its bound.
+// fails with ErrFull when the outbox is at its bound, and with the cause
+// (e.g. syscall.ENOSPC, syscall.EMFILE) when the entry could not be written;
+// either way nothing was stored (no partial file stays) and the caller tries
+// again later.
 func (o *Outbox) Put(conv, method, path, key string, body []byte) (int64, error) {
 	if err := contract.ValidConversationID(conv); err != nil {
 		return 0, err
@@ -425,11 +430,14 @@ func (o *Outbox) sendLane(ctx context.Context, conv string) {
 // deliver sends entry seq until it is acknowledged, refused for good, or
 // ctx ends (error).
 func (o *Outbox) deliver(ctx context.Context, conv string, seq int64) (Result, error) {
-	path := o.entryPath(conv, seq)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		o.log.Error("read outbox entry; dropping it", "conversation", conv, "seq", seq, "err", err)
+	b, err := o.readEntry(ctx, conv, seq)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Removed from under the outbox: there is nothing left to send.
+		o.log.Error("outbox entry vanished before delivery", "conversation", conv, "seq", seq, "err", err)
 		return Result{Err: err}, nil
+	}
+	if err != nil {
+		return Result{}, err // ctx ended; the entry stays for the next run
 	}
 	var e Entry
 	if err := json.Unmarshal(b, &e); err != nil || e.Format != FormatVersion {
@@ -465,6 +473,29 @@ func (o *Outbox) deliver(ctx context.Context, conv string, seq int64) (Result, e
 		select {
 		case <-ctx.Done():
 			return Result{}, ctx.Err()
+		case <-time.After(o.backoff(attempt)):
+		}
+	}
+}
+
+// readEntry reads entry seq's file, retrying with backoff while reading
+// fails for another reason than the file being gone: out of open files
+// (EMFILE, ENFILE), memory or I/O are the worker's own transient trouble,
+// never a reason to drop a report. It returns fs.ErrNotExist when the file
+// is gone and ctx's error when ctx ends first.
+func (o *Outbox) readEntry(ctx context.Context, conv string, seq int64) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		b, err := os.ReadFile(o.entryPath(conv, seq))
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return b, err
+		}
+		o.cfg.Metrics.retry()
+		if attempt == 0 || attempt%20 == 0 {
+			o.log.Warn("read outbox entry; retrying", "conversation", conv, "seq", seq, "attempt", attempt+1, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		case <-time.After(o.backoff(attempt)):
 		}
 	}

@@ -9,7 +9,8 @@
 // id ("<conversation>:<event id>:<kind>"), so a report enqueued again after
 // a crash between enqueue and cursor save is stored once by the control
 // plane. When the outbox is full the feed stops advancing and waits for
-// room: the event log is the overflow and nothing is lost.
+// room: the event log is the overflow and nothing is lost. Any other
+// failure (out of open files, a full disk) is retried with a backoff.
 //
 // Main types: Feed; Reports maps one event to its reports. It does not send
 // anything (package outbox does).
@@ -26,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -92,17 +94,26 @@ func (f *Feed) Notify(ev contract.Event) {
 }
 
 // Run catches up every conversation, then follows new events until ctx ends.
+// A conversation the feed could not take (the outbox or the event log
+// failed: out of open files, a full disk) is tried again after a backoff,
+// as is the listing of conversations at start: a transient failure delays
+// reports, it never leaves them behind.
 func (f *Feed) Run(ctx context.Context) error {
-	ids, err := f.cfg.List()
-	if err != nil {
-		f.log.Error("list conversations for reporting", "err", err)
-	}
-	f.mu.Lock()
-	for _, id := range ids {
-		f.dirty[id] = true
-	}
-	f.mu.Unlock()
+	listed := false
+	delay := minRetry
 	for {
+		if !listed {
+			if ids, err := f.cfg.List(); err != nil {
+				f.log.Error("list conversations for reporting", "err", err)
+			} else {
+				listed = true
+				f.mu.Lock()
+				for _, id := range ids {
+					f.dirty[id] = true
+				}
+				f.mu.Unlock()
+			}
+		}
 		f.mu.Lock()
 		convs := make([]string, 0, len(f.dirty))
 		for c := range f.dirty {
@@ -111,7 +122,7 @@ func (f *Feed) Run(ctx context.Context) error {
 		clear(f.dirty)
 		f.mu.Unlock()
 		slices.Sort(convs)
-		var blocked []string
+		var blocked, failed []string
 		for _, c := range convs {
 			if ctx.Err() != nil {
 				return nil
@@ -120,7 +131,8 @@ func (f *Feed) Run(ctx context.Context) error {
 			case errors.Is(err, outbox.ErrFull):
 				blocked = append(blocked, c)
 			case err != nil:
-				f.log.Error("report events", "conversation", c, "err", err)
+				f.log.Error("report events; retrying", "conversation", c, "err", err)
+				failed = append(failed, c)
 			}
 		}
 		var space <-chan struct{}
@@ -133,19 +145,34 @@ func (f *Feed) Run(ctx context.Context) error {
 				space = closed
 			}
 		}
+		var retry <-chan time.Time
+		if len(failed) > 0 || !listed {
+			retry = time.After(delay)
+			delay = min(2*delay, maxRetry)
+		} else {
+			delay = minRetry
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-f.wake:
 		case <-space:
+		case <-retry:
 		}
 		f.mu.Lock()
-		for _, c := range blocked {
+		for _, c := range slices.Concat(blocked, failed) {
 			f.dirty[c] = true
 		}
 		f.mu.Unlock()
 	}
 }
+
+// minRetry and maxRetry bound the wait before a failed conversation is
+// tried again (doubling in between).
+const (
+	minRetry = 100 * time.Millisecond
+	maxRetry = 10 * time.Second
+)
 
 // batch is how many events the feed reads at a time; the cursor is saved
 // after each batch.

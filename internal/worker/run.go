@@ -141,6 +141,11 @@ type Config struct {
 	// AgentReadPaths are host paths agents see read-only besides
 	// sandbox.DefaultReadOnly [TALKIDE_AGENT_READ_PATHS].
 	AgentReadPaths []string
+	// MinFreeDisk is the free space of the session volume below which new
+	// work (creates, messages, streams, loads) is refused with 503
+	// [TALKIDE_MIN_FREE_DISK, a size such as 256MiB, or none]. Default
+	// 256 MiB; -1: not checked. See limits.go for the other limits.
+	MinFreeDisk int64
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
@@ -187,6 +192,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 20 * time.Second
+	}
+	if c.MinFreeDisk == 0 {
+		c.MinFreeDisk = 256 << 20
 	}
 	if c.KeepEvents <= 0 {
 		c.KeepEvents = 10000
@@ -313,6 +321,17 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		agent = &u
 		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
 	}
+	// The open-files budget is divided now, with what start-up opened so
+	// far; the few files opened below come out of the reserve.
+	maxProcs := c.MaxProcesses
+	if maxProcs <= 0 {
+		maxProcs = 4 // the harness's default
+	}
+	budget := newFDBudget(rlimitNoFile(), openFiles(rlimitNoFile()), maxProcs)
+	var h *harness.Harness
+	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() }, c.SessionDir, c.MinFreeDisk)
+	log.Info("open-files budget", "budget", budget.String(), "min_free_disk_mib", c.MinFreeDisk>>20, "go_memory_limit_mib", limits.memLimit>>20)
+	ln = httpapi.LimitListener(ln, budget.MaxConns, "this worker serves its limit of connections; retry shortly")
 	probe := agent
 	if agentUIDs != nil {
 		probe = &sandbox.Nobody
@@ -325,7 +344,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if jail != nil {
 		defer jail.Cgroups.Close()
 	}
-	h, err := harness.New(harness.Config{
+	h, err = harness.New(harness.Config{
 		AgentUser:         agent,
 		AgentUIDs:         agentUIDs,
 		PermissionPolicy:  c.PermissionPolicy,
@@ -351,6 +370,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 
 		MaxConversations:        c.MaxConversations,
 		MaxConversationsPerUser: c.MaxConversationsPerUser,
+		AdmitLoad:               limits.admitLoad,
 	}, store, local)
 	if err != nil {
 		localLn.Close()
@@ -364,6 +384,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	h.RegisterMetrics(reg)
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
 	api.identity = identity.Holder
+	api.limits = limits
 	api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
 
 	// Shutdown order: readiness turns false; the harness winds down (running

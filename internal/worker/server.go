@@ -36,6 +36,8 @@ type Server struct {
 	notReady atomic.Bool
 	// identity names this replica in forwarded requests.
 	identity string
+	// limits, when set, refuses new work near the worker's limits (limits.go).
+	limits *admission
 }
 
 // NewServer returns the worker API over h. Requests must carry a request
@@ -50,13 +52,13 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 		heartbeat: 15 * time.Second,
 		mux:       http.NewServeMux(),
 	}
-	s.route("POST "+contract.PathSession, s.createSession)
-	s.route("POST "+contract.PathMessages, s.sendMessage)
+	s.route("POST "+contract.PathSession, s.admitting(s.createSession))
+	s.route("POST "+contract.PathMessages, s.admitting(s.sendMessage))
 	s.route("POST "+contract.PathInterrupt, s.interrupt)
 	s.route("POST "+contract.PathStop, s.stop)
 	s.route("GET "+contract.PathStatus, s.status)
 	s.route("DELETE "+contract.PathStatus, s.deleteSession)
-	s.route("GET "+contract.PathEvents, s.events)
+	s.route("GET "+contract.PathEvents, s.streaming(s.events))
 	s.route("POST "+contract.PathPermission, s.answerPermission)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -166,6 +168,9 @@ func body(r *http.Request) []byte { b, _ := r.Context().Value(ctxKeyBody{}).([]b
 
 // mapErr turns harness errors into HTTP errors.
 func mapErr(err error) error {
+	if re := exhaustionError(err); re != nil {
+		return re
+	}
 	switch {
 	case errors.Is(err, harness.ErrNotFound):
 		return httpapi.NotFound("conversation not found")

@@ -1,0 +1,459 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// The tests of this file run the worker as a real process: the test binary
+// itself, re-executed with envExecMain set, runs main().
+const envExecMain = "TALKIDE_TEST_EXEC_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envExecMain) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// guard bounds waits for something that must happen; it only turns a hang
+// into a failure and says nothing about speed.
+const guard = 2 * time.Minute
+
+// nofile is the worker's RLIMIT_NOFILE in the test (soft and hard: Go
+// raises the soft limit to the hard one at start).
+const nofile = 512
+
+// workerProcess is a worker running as a child process.
+type workerProcess struct {
+	URL    string
+	exited chan struct{}
+	err    error
+
+	mu sync.Mutex
+	// log is the process's stderr so far; guarded by mu.
+	log bytes.Buffer
+}
+
+func (p *workerProcess) Log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// startWorkerProcess starts the worker under `prlimit --nofile` with env and
+// waits until it listens.
+func startWorkerProcess(t *testing.T, env []string) *workerProcess {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := strconv.Itoa(nofile)
+	cmd := exec.Command("prlimit", "--nofile="+lim+":"+lim, "--", self)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TALKIDE_") && !strings.HasPrefix(kv, "ANTHROPIC_") && !strings.HasPrefix(kv, "CLAUDE_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, envExecMain+"=1"), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the worker under prlimit (util-linux): %v", err)
+	}
+	p := &workerProcess{exited: make(chan struct{})}
+	listening := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			p.mu.Lock()
+			p.log.Write(line)
+			p.log.WriteByte('\n')
+			p.mu.Unlock()
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal(line, &rec) == nil && rec.Msg == "worker listening" {
+				select {
+				case listening <- rec.Addr:
+				default:
+				}
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-p.exited:
+			case <-time.After(guard):
+				cmd.Process.Kill()
+				<-p.exited
+			}
+		}
+		if t.Failed() {
+			t.Logf("worker log (tail):\n%s", tail(p.Log(), 60))
+		}
+	})
+	select {
+	case addr := <-listening:
+		p.URL = "http://" + addr
+	case <-p.exited:
+		t.Fatalf("worker exited while starting: %v\n%s", p.err, p.Log())
+	case <-time.After(guard):
+		t.Fatalf("worker did not start\n%s", p.Log())
+	}
+	return p
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// answer is one browser API answer.
+type answer struct {
+	status     int
+	retryAfter string
+	body       []byte
+}
+
+func call(method, u, tok string, body string) (answer, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: b}, nil
+}
+
+// checkRefusal checks that a refused answer is a 503 (with Retry-After) or
+// a 429 in the documented error shape.
+func checkRefusal(t *testing.T, what string, a answer) {
+	t.Helper()
+	var eb contract.ErrorBody
+	if err := json.Unmarshal(a.body, &eb); err != nil || eb.Error.Type == "" || eb.Error.Message == "" {
+		t.Errorf("%s: %d %q is not in the error shape {\"error\":{\"type\",\"message\"}}", what, a.status, a.body)
+		return
+	}
+	switch {
+	case a.status == http.StatusServiceUnavailable && eb.Error.Type == contract.ErrTypeUnavailable && a.retryAfter != "":
+	case a.status == http.StatusTooManyRequests && eb.Error.Type == contract.ErrTypeRateLimited:
+	default:
+		t.Errorf("%s: got %d %s (Retry-After %q) %q, want 503 unavailable with Retry-After or 429 rate_limited", what, a.status, eb.Error.Type, a.retryAfter, eb.Error.Message)
+	}
+}
+
+// TestOpenFilesLimitRefusesAndLosesNothing guards case W2 (issue 11 item
+// 3): at its open-files limit the worker refused connections, answered
+// state saves with 500, dropped sessions (killing their agents) and a
+// report, and the control plane answered creates 201 with no session
+// behind them.
+//
+// The worker runs as its own process with RLIMIT_NOFILE lowered to 512,
+// behind a real control plane, with the real CLI. One conversation's agent
+// is busy with a command; meanwhile conversations are created and their
+// browser streams opened until the worker refuses both (or has taken twice
+// as many conversations as it may open files, once idle conversations are
+// unloaded). Every refusal must
+// be a 503 with Retry-After (or a 429) in the documented error shape; every
+// create answered 201 must have its session on the worker (in the answer,
+// readable afterwards, with a state file that parses); the busy agent's
+// turn must complete (nothing dropped, no agent killed); the outbox must
+// deliver every report in the end; and the worker must never have met
+// "too many open files".
+func TestOpenFilesLimitRefusesAndLosesNothing(t *testing.T) {
+	bin := platformtest.ClaudeBin(t)
+	dir := platformtest.AgentReachableTempDir(t)
+	sessions := filepath.Join(dir, "sessions")
+	log := slog.New(slog.DiscardHandler)
+	master, err := token.NewMasterKey("t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tenant, env = "demo", "dev"
+	userToken := "tk_test_" + token.NewID()
+
+	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: platformtest.UpstreamAPIKey}))
+	t.Cleanup(up.Close)
+	upURL, _ := url.Parse(up.URL)
+	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpURL := "http://" + cpLn.Addr().String()
+	dbPath := filepath.Join(dir, "cp.db")
+	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), tenant, env, 0)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	w := startWorkerProcess(t, []string{
+		"TALKIDE_TENANT=" + tenant, "TALKIDE_ENV=" + env, "TALKIDE_WORKER_ADDR=127.0.0.1:0",
+		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, tenant, env)),
+		"TALKIDE_GATEWAY_BASE_URL=" + cpURL, "TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
+		"TALKIDE_SESSION_DIR=" + sessions, "TALKIDE_CLAUDE_BIN=" + bin,
+		"TALKIDE_HOST_UID_DIR=" + filepath.Join(dir, "uids"), "TALKIDE_CLI_TMP_DIR=" + filepath.Join(dir, "cli-tmp"),
+		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV=100000", "TALKIDE_MAX_CONVERSATIONS_PER_USER=100000",
+	})
+
+	cpCfg := controlplane.Config{
+		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: platformtest.UpstreamAPIKey,
+		WorkerURLTemplate: w.URL, DevUserToken: userToken, Logger: log,
+		MaxConversationsPerUser: 100000, MaxConversationsPerTenantEnv: 100000,
+	}
+	if err := cpCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cpCtx, stopCP := context.WithCancel(context.Background())
+	cpDone := make(chan struct{})
+	go func() {
+		defer close(cpDone)
+		if err := controlplane.RunWith(cpCtx, cpCfg, cpLn, nil); err != nil {
+			t.Errorf("control plane: %v", err)
+		}
+	}()
+	t.Cleanup(func() { stopCP(); <-cpDone })
+	p := &platformtest.Platform{T: t, URL: cpURL, UserToken: userToken, Tenant: tenant, Env: env, WorkerURL: w.URL, SessionDir: sessions}
+	p.WaitControlPlane()
+
+	// A conversation whose agent is busy while the limit is met.
+	busy := p.NewConversation()
+	busyStream := p.OpenStream(busy, 0)
+	p.Send(busy, "please run `sleep 3; echo busy-agent-done`")
+	busyStream.Until(guard, func(ev contract.Event) bool { return ev.Type == contract.EventToolUse })
+
+	// Create conversations and open their streams until the worker refuses
+	// both (or takes twice as many conversations as it may open files),
+	// four at a time.
+	create := `{"tenant":"` + tenant + `","env":"` + env + `"}`
+	var (
+		mu                             sync.Mutex
+		created                        []string
+		createRefusals, streamRefusals []answer
+		streams                        []*http.Response
+		failures                       []string
+	)
+	streamsOpen := true
+	done := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failures) > 0 || len(streamRefusals) >= 1 && (len(createRefusals) >= 8 || len(created) >= 2*nofile)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for !done() {
+				a, err := call("POST", cpURL+"/api/conversations", userToken, create)
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, "create: "+err.Error())
+					mu.Unlock()
+					return
+				}
+				if a.status != http.StatusCreated {
+					mu.Lock()
+					createRefusals = append(createRefusals, a)
+					mu.Unlock()
+					continue
+				}
+				var c struct {
+					ID     string                  `json:"id"`
+					Worker *contract.SessionStatus `json:"worker"`
+				}
+				if err := json.Unmarshal(a.body, &c); err != nil || c.ID == "" {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("create answered 201 %q", a.body))
+					mu.Unlock()
+					return
+				}
+				mu.Lock()
+				created = append(created, c.ID)
+				if c.Worker == nil {
+					failures = append(failures, "create answered 201 without the worker's session: "+c.ID)
+				}
+				open := streamsOpen
+				mu.Unlock()
+				if !open {
+					continue
+				}
+				req, _ := http.NewRequest("GET", cpURL+"/api/conversations/"+c.ID+"/stream", nil)
+				req.Header.Set("Authorization", "Bearer "+userToken)
+				resp, err := http.DefaultClient.Do(req)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failures = append(failures, "stream: "+err.Error())
+				case resp.StatusCode == http.StatusOK:
+					streams = append(streams, resp)
+				default:
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					streamRefusals = append(streamRefusals, answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: b})
+					streamsOpen = false // enough streams: go on with creates only
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, f := range failures {
+		t.Error(f)
+	}
+	t.Logf("%d conversations created, %d streams open; %d creates and %d streams refused", len(created), len(streams), len(createRefusals), len(streamRefusals))
+	// Creates are refused once the worker's open conversations fill its
+	// budget; a worker that unloads idle conversations may instead take
+	// more conversations than it can open files, which is as good.
+	if len(streamRefusals) == 0 || len(createRefusals) == 0 && len(created) < 2*nofile {
+		t.Fatalf("the worker never refused (creates refused %d, streams refused %d): the test did not reach its limit", len(createRefusals), len(streamRefusals))
+	}
+	seen := map[string]bool{}
+	for i, a := range append(createRefusals, streamRefusals...) {
+		checkRefusal(t, fmt.Sprintf("refusal %d", i), a)
+		if msg := fmt.Sprintf("%d %s", a.status, a.body); !seen[msg] {
+			seen[msg] = true
+			t.Logf("refusal: %s", strings.TrimSpace(msg))
+		}
+	}
+
+	// The busy agent was not killed: its turn completes.
+	if ev := busyStream.Until(guard, platformtest.TurnEnd); ev.Type != contract.EventTurnCompleted {
+		t.Errorf("the busy conversation's turn ended with %s %s, want turn_completed", ev.Type, ev.Data)
+	}
+	for _, s := range streams {
+		s.Body.Close()
+	}
+
+	// Every create answered 201 has its session: readable through the
+	// browser API (a refusal while the worker is still at its limit is
+	// retried as Retry-After says), and its state file parses.
+	for _, id := range created {
+		deadline := time.Now().Add(guard)
+		for {
+			a, err := call("GET", cpURL+"/api/conversations/"+id, userToken, "")
+			if err != nil {
+				t.Fatalf("read %s: %v", id, err)
+			}
+			var c struct {
+				Worker *contract.SessionStatus `json:"worker"`
+			}
+			if a.status == http.StatusOK && json.Unmarshal(a.body, &c) == nil && c.Worker != nil {
+				break
+			}
+			if a.status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				t.Fatalf("conversation %s (answered 201): %d %s, want 200 with the worker's session", id, a.status, a.body)
+			}
+			checkRefusal(t, "status read", a)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	store, err := sessionstore.Open(filepath.Join(sessions, "talkide"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := store.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if _, err := store.LoadMeta(id); err != nil {
+			t.Errorf("state of %s: %v", id, err)
+		}
+	}
+	if len(ids) < len(created)+1 {
+		t.Errorf("%d state files for %d conversations answered 201", len(ids), len(created)+1)
+	}
+
+	// The outbox delivers every report in the end, and buries none.
+	queue := filepath.Join(sessions, "talkide", "outbox", "queue")
+	for deadline := time.Now().Add(guard); ; time.Sleep(100 * time.Millisecond) {
+		n := entries(t, queue)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the outbox still holds %d reports", n)
+		}
+	}
+	if n := entries(t, filepath.Join(sessions, "talkide", "outbox", "dead")); n > 0 {
+		t.Errorf("%d reports moved to the outbox's dead letters", n)
+	}
+
+	logText := w.Log()
+	for _, bad := range []string{"too many open files", "lease lost", "no space left", "dropping it"} {
+		if strings.Contains(logText, bad) {
+			t.Errorf("the worker logged %q", bad)
+		}
+	}
+}
+
+// entries counts the entry files under dir (recursively).
+func entries(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(d.Name(), ".json") {
+			n++
+		}
+		return nil
+	})
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,123 @@
+package sessionstore
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+)
+
+// fullDisk returns a store on a small tmpfs (the tests run as root) and a
+// function that fills the tmpfs until writes fail with ENOSPC; the function
+// it returns frees the space again.
+func fullDisk(t *testing.T) (s *Store, fill func() (free func())) {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs for a full disk (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, func() func() {
+		path := filepath.Join(dir, "filler")
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := make([]byte, 4<<10)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatalf("fill the disk: %v", err)
+				}
+				return func() { os.Remove(path) }
+			}
+		}
+	}
+}
+
+// TestSaveMetaOnAFullDiskKeepsThePreviousState guards W2's "state saves
+// answered 500": a save that meets a full disk fails with ENOSPC (which the
+// worker answers as a refusal) and is never half-done: the previous state
+// still loads and no temp file stays.
+func TestSaveMetaOnAFullDiskKeepsThePreviousState(t *testing.T) {
+	s, fill := fullDisk(t)
+	m := &Meta{ConversationID: "c1", UserID: "u1", SessionID: "s1", WorkDir: "/w", CreatedAt: time.Now().UTC()}
+	if err := s.SaveMeta(m); err != nil {
+		t.Fatal(err)
+	}
+	free := fill()
+	m.Pending = append(m.Pending, PendingMessage{ClientMessageID: "m1", Text: strings.Repeat("x", 64<<10)})
+	if err := s.SaveMeta(m); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("SaveMeta on a full disk: %v, want ENOSPC", err)
+	}
+	got, err := s.LoadMeta("c1")
+	if err != nil {
+		t.Fatalf("load the state after a failed save: %v", err)
+	}
+	if len(got.Pending) != 0 || got.SessionID != "s1" {
+		t.Fatalf("state after a failed save: %+v, want the previous one", got)
+	}
+	files, _ := os.ReadDir(s.Dir("c1"))
+	for _, f := range files {
+		if f.Name() != "state.json" {
+			t.Errorf("file %s left behind by the failed save", f.Name())
+		}
+	}
+	free()
+	if err := s.SaveMeta(m); err != nil {
+		t.Fatalf("save once there is room: %v", err)
+	}
+	if got, err := s.LoadMeta("c1"); err != nil || len(got.Pending) != 1 {
+		t.Fatalf("state after the retried save: %+v, %v", got, err)
+	}
+}
+
+// TestAppendOnAFullDiskLeavesTheLogWellFormed: an event that does not fit
+// is not stored and uses no id; the log stays readable and the next
+// append, once there is room, takes the next id.
+func TestAppendOnAFullDiskLeavesTheLogWellFormed(t *testing.T) {
+	s, fill := fullDisk(t)
+	l, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := func(text string) contract.Event {
+		e, err := contract.NewEvent("c1", contract.EventAssistantText, contract.AssistantText{Text: text})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	if _, err := l.Append(ev("one")); err != nil {
+		t.Fatal(err)
+	}
+	free := fill()
+	if _, err := l.Append(ev(strings.Repeat("x", 64<<10))); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("append on a full disk: %v, want ENOSPC", err)
+	}
+	free()
+	got, err := l.Append(ev("two"))
+	if err != nil || got.ID != 2 {
+		t.Fatalf("append once there is room: id %d, %v; want id 2", got.ID, err)
+	}
+	l.Close()
+	l2, rep, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if rep.TornBytes != 0 || rep.BadRecords != 0 || l2.LastID() != 2 {
+		t.Fatalf("reopened log: %+v, last id %d; want a clean log ending at 2", rep, l2.LastID())
+	}
+}
