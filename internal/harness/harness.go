@@ -119,7 +119,7 @@ type Config struct {
 	RecoverInterval time.Duration
 	// AdmitLoad, when set, is asked before a conversation is loaded, with
 	// the number loaded (or loading) now; an error refuses the load and is
-	// returned unchanged (admit.go). Nil admits every load.
+	// returned wrapped with ErrUnavailable (admit.go). Nil admits every load.
 	AdmitLoad func(loaded int) error
 }
 
@@ -446,6 +446,12 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 	}
 	elog, rep, err := h.store.OpenEventLog(conv)
 	if err != nil {
+		if created {
+			// Refused (e.g. out of open files): as if never created, so a
+			// create that was answered with an error leaves nothing behind.
+			_ = h.store.Delete(conv)
+			_ = os.Remove(meta.WorkDir)
+		}
 		return nil, err
 	}
 	s := &session{h: h, conv: conv, meta: meta, log: elog, held: held}

@@ -229,7 +229,12 @@ func (h *Harness) Recover() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	n, refused := 0, 0
+	defer func() {
+		if refused > 0 {
+			h.log.Warn("conversations with waiting work not taken over yet: the worker is at a limit; retrying", "count", refused)
+		}
+	}()
 	for _, id := range ids {
 		h.mu.Lock()
 		_, loaded := h.sessions[id]
@@ -248,6 +253,10 @@ func (h *Harness) Recover() (int, error) {
 		s, err := h.session(id, "", "", false)
 		if errors.Is(err, ErrNotOwner) {
 			continue // a live replica has it
+		}
+		if errors.Is(err, ErrUnavailable) {
+			refused++ // at a limit now: the next pass tries again
+			continue
 		}
 		if err != nil {
 			h.log.Error("recover conversation", "conversation", id, "err", err)

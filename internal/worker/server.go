@@ -171,6 +171,10 @@ func mapErr(err error) error {
 	if re := exhaustionError(err); re != nil {
 		return re
 	}
+	var he *httpapi.Error
+	if errors.As(err, &he) {
+		return he // a refusal made by the worker itself (admission)
+	}
 	switch {
 	case errors.Is(err, harness.ErrNotFound):
 		return httpapi.NotFound("conversation not found")
