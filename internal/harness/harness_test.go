@@ -50,6 +50,9 @@ type rigOptions struct {
 	noJail    bool
 	limits    sandbox.Limits
 	diskLimit int64
+	// wrapLeases, when set, wraps the rig's lease backend (to count its
+	// calls).
+	wrapLeases func(lease.Manager) lease.Manager
 }
 
 // testJail is a jail as the worker builds one, with its own control group.
@@ -106,9 +109,13 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		t.Fatal(err)
 	}
 	id := lease.Identity{Holder: o.holder, Incarnation: token.NewID(), Address: "http://" + o.holder}
-	leases, err := lease.NewFileManager(filepath.Join(o.volume, "talkide", "leases"), lease.Config{Identity: id, Duration: 3 * time.Second})
+	fileLeases, err := lease.NewFileManager(filepath.Join(o.volume, "talkide", "leases"), lease.Config{Identity: id, Duration: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var leases lease.Manager = fileLeases
+	if o.wrapLeases != nil {
+		leases = o.wrapLeases(leases)
 	}
 	h, err := New(Config{
 		ClaudeBin: bin, ConfigDir: filepath.Join(o.volume, "cfg"), WorkspaceRoot: filepath.Join(o.volume, "ws"),

@@ -3,12 +3,18 @@ package harness
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/lease"
 )
 
 // churn opens and drops conv's event stream n times from each of loops
@@ -130,4 +136,142 @@ func TestW1TurnSurvivesStreamChurn(t *testing.T) {
 			t.Fatalf("turn %s: %d turns failed while the stream was opened and closed", id, n)
 		}
 	}
+}
+
+// countingLeases counts the calls of a lease backend.
+type countingLeases struct {
+	lease.Manager
+	heartbeats, acquires, releases atomic.Int64
+}
+
+func (c *countingLeases) Heartbeat(ctx context.Context, gen int64) (lease.Record, error) {
+	c.heartbeats.Add(1)
+	return c.Manager.Heartbeat(ctx, gen)
+}
+
+func (c *countingLeases) Acquire(ctx context.Context, name string) (lease.Record, error) {
+	c.acquires.Add(1)
+	return c.Manager.Acquire(ctx, name)
+}
+
+func (c *countingLeases) Release(ctx context.Context, name string, gen int64) error {
+	c.releases.Add(1)
+	return c.Manager.Release(ctx, name, gen)
+}
+
+func (c *countingLeases) reset() (heartbeats, acquires, releases int64) {
+	return c.heartbeats.Swap(0), c.acquires.Swap(0), c.releases.Swap(0)
+}
+
+// TestLeaseWorkFollowsActiveConversations: 1,000 conversations are created
+// and left idle: none stays loaded, and while idle the worker's only lease
+// work is its replica lease's heartbeat. Then all 1,000 are followed
+// (loaded, active): each is taken once, and over three renewal periods the
+// lease work is still one heartbeat per period, every holding stays
+// trusted, and the replica lease is never older than one period.
+func TestLeaseWorkFollowsActiveConversations(t *testing.T) {
+	const n = 1000
+	counter := &countingLeases{}
+	r := startRig(t, rigOptions{wrapLeases: func(m lease.Manager) lease.Manager { counter.Manager = m; return counter }})
+	convs := make([]string, n)
+	for i := range convs {
+		convs[i] = fmt.Sprintf("c%04d", i)
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				// 50 per user: under the per-user quota.
+				user := fmt.Sprintf("u%d", i/50)
+				if _, err := r.h.CreateSession(convs[i], contract.CreateSessionRequest{UserID: user}); err != nil {
+					t.Errorf("create %s: %v", convs[i], err)
+				}
+			}
+		})
+	}
+	for i := range convs {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if got := len(r.h.loaded()); got != 0 {
+		t.Fatalf("%d of %d idle conversations stay loaded", got, n)
+	}
+	if fds := openFilesUnder(t, r.h.store.Dir("")); fds != 0 {
+		t.Fatalf("%d files of the session store open with every conversation idle", fds)
+	}
+	_, acq, rel := counter.reset()
+	if acq != n || rel != n {
+		t.Fatalf("creating %d conversations took %d leases and released %d, want %d each", n, acq, rel, n)
+	}
+	period := r.h.replica.RenewEvery()
+	time.Sleep(2 * period)
+	if hb, acq, rel := counter.reset(); hb > 3 || acq != 0 || rel != 0 {
+		t.Fatalf("idle for two renewal periods: %d heartbeats, %d acquisitions, %d releases; want at most 3 heartbeats and nothing else", hb, acq, rel)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var followers sync.WaitGroup
+	startedc := make(chan error, n)
+	for _, c := range convs {
+		followers.Go(func() {
+			err := r.h.Follow(ctx, c, 0, 0, func(contract.Event) error { return nil }, nil, func() error { startedc <- nil; return nil })
+			if err != nil && ctx.Err() == nil {
+				startedc <- err
+			}
+		})
+	}
+	for range n {
+		if err := <-startedc; err != nil {
+			t.Fatalf("follow: %v", err)
+		}
+	}
+	if got := len(r.h.loaded()); got != n {
+		t.Fatalf("%d conversations loaded with %d followed", got, n)
+	}
+	_, acq, _ = counter.reset()
+	if acq != n {
+		t.Fatalf("following %d conversations took %d leases", n, acq)
+	}
+	for range 3 {
+		time.Sleep(period)
+		rec, err := counter.Replica(context.Background(), r.h.cfg.Identity.Holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if age := time.Since(rec.RenewedAt); age > 2*period {
+			t.Errorf("replica lease last renewed %s ago with %d active conversations (renewal period %s)", age, n, period)
+		}
+		for _, s := range r.h.loaded() {
+			if !s.held.Valid() {
+				t.Fatalf("conversation %s's lease not trusted with %d active conversations", s.conv, n)
+			}
+		}
+	}
+	if hb, acq, rel := counter.reset(); hb > 4 || acq != 0 || rel != 0 {
+		t.Errorf("three renewal periods with %d active conversations: %d heartbeats, %d acquisitions, %d releases; want at most 4 heartbeats and nothing else", n, hb, acq, rel)
+	}
+	cancel()
+	followers.Wait()
+}
+
+// openFilesUnder counts this process's open files under dir.
+func openFilesUnder(t *testing.T, dir string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(target, dir) {
+			n++
+		}
+	}
+	return n
 }

@@ -304,3 +304,12 @@ func syncDir(dir string) {
 		d.Close()
 	}
 }
+
+// Replica implements Manager.
+func (m *FileManager) Replica(_ context.Context, holder string) (Record, error) {
+	r, err := current(m.replicaDir(holder))
+	if err != nil {
+		return Record{}, fmt.Errorf("read replica lease %s: %w", holder, err)
+	}
+	return r, nil
+}

@@ -294,3 +294,15 @@ func (m *KubeManager) Get(ctx context.Context, name string) (Record, error) {
 	}
 	return r, nil
 }
+
+// Replica implements Manager.
+func (m *KubeManager) Replica(ctx context.Context, holder string) (Record, error) {
+	l, err := m.client.CoordinationV1().Leases(m.namespace).Get(ctx, replicaObjectName(holder), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return Record{}, nil
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("read replica lease %s: %w", holder, err)
+	}
+	return m.toRecord(l), nil
+}

@@ -93,20 +93,22 @@ func (r Record) replicaFreeFor(id Identity, now time.Time, skew time.Duration) b
 }
 
 // convLive reports whether the conversation record cur is still held, given
-// its holder's replica record rep, at now: the replica lease must be the
-// same incarnation's, unreleased and unexpired. A record from before replica
-// leases (no live replica, an expiry of its own) is held until that expiry.
+// its holder's replica record rep, at now, and until when (zero when not
+// held): the replica lease must be the same incarnation's, unreleased and
+// unexpired. A record from before replica leases (no live replica, an
+// expiry of its own) is held until that expiry.
 func convLive(cur, rep Record, now time.Time, skew time.Duration) (bool, time.Time) {
 	if cur.Generation == 0 || cur.Released {
 		return false, time.Time{}
 	}
+	exp := cur.ExpiresAt // a record from before replica leases
 	if rep.Generation != 0 && rep.Holder == cur.Holder && rep.Incarnation == cur.Incarnation && !rep.Released {
-		return !now.After(rep.ExpiresAt.Add(skew)), rep.ExpiresAt
+		exp = rep.ExpiresAt
 	}
-	if !cur.ExpiresAt.IsZero() {
-		return !now.After(cur.ExpiresAt.Add(skew)), cur.ExpiresAt
+	if exp.IsZero() || now.After(exp.Add(skew)) {
+		return false, time.Time{}
 	}
-	return false, time.Time{}
+	return true, exp
 }
 
 // Errors returned by Manager and Replica methods.
@@ -153,6 +155,9 @@ type Manager interface {
 	// none exists), with ExpiresAt from its holder's replica lease, zero
 	// when the holding is not alive.
 	Get(ctx context.Context, name string) (Record, error)
+	// Replica returns holder's replica lease record (Generation 0 when
+	// none exists).
+	Replica(ctx context.Context, holder string) (Record, error)
 	// Duration is how long a replica lease lasts without renewal.
 	Duration() time.Duration
 }
