@@ -40,7 +40,7 @@ func benchIdle(o options, standin string) (idleResult, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return r, err
 	}
-	cc := childConfig{ClaudeBin: standin, Containment: "strict", MaxProcesses: 4,
+	cc := childConfig{ClaudeBin: standin, Containment: "strict", MaxProcesses: 4, AgentUser: o.idleAgentUser,
 		MaxConversations: max(o.conversations+100, 1000), UIDCount: uint32(max(100000, 2*o.conversations))}
 	if o.pprofDir != "" {
 		cc.PprofAddr = "127.0.0.1:6061"
@@ -51,7 +51,7 @@ func benchIdle(o options, standin string) (idleResult, error) {
 	}
 	defer p.close()
 	pid := p.w.pid()
-	fmt.Printf("# idle: worker pid %d, session volume %s; no CLI runs in this phase\n", pid, dir)
+	fmt.Printf("# idle: worker pid %d, session volume %s, agent user %s; no CLI runs in this phase\n", pid, dir, o.idleAgentUser)
 
 	time.Sleep(2 * time.Second) // start-up settles
 	cpu, st, err := idleUsage(pid, o.idle)

@@ -43,7 +43,7 @@ type options struct {
 	gap                          time.Duration
 	turns, warmup                int
 	dir, volume, containment     string
-	pprofDir                     string
+	pprofDir, idleAgentUser      string
 	phases                       string
 }
 
@@ -62,6 +62,7 @@ func main() {
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "idle: how long CPU is measured, with and without the conversations")
 	flag.IntVar(&o.cold, "cold", 200, "idle: cold and warm requests timed")
 	flag.StringVar(&o.volume, "volume", defaultVolume(), "idle: where the session volume of the idle worker goes (creating is fsync-bound on a disk)")
+	flag.StringVar(&o.idleAgentUser, "idle-agent-user", "299999:299999", "idle: TALKIDE_AGENT_USER of the idle worker; per-conversation claims a uid per create, scanning /proc each time (slow: see README)")
 	flag.IntVar(&o.active, "active", 200, "active: conversations running turns at once")
 	flag.IntVar(&o.lines, "lines", 10, "active: assistant text lines per stand-in turn")
 	flag.DurationVar(&o.gap, "gap", 100*time.Millisecond, "active: time between a stand-in's lines")

@@ -43,7 +43,7 @@ type childConfig struct {
 	RequestKey, GatewayURL, IdentityToken string
 	SessionDir, ClaudeBin, HostUIDDir     string
 	CLITmpDir, Containment, PprofAddr     string
-	AgentReadPaths                        string
+	AgentReadPaths, AgentUser             string
 	MaxProcesses, MaxConversations        int
 	UIDCount                              uint32
 }
@@ -73,6 +73,7 @@ func childMain() {
 		Tenant: tenant, Env: env, Addr: "127.0.0.1:0", RequestKeys: keys, GatewayBaseURL: gw, IdentityToken: cc.IdentityToken,
 		SessionDir: cc.SessionDir, ClaudeBin: cc.ClaudeBin, HostUIDDir: cc.HostUIDDir, CLITmpDir: cc.CLITmpDir,
 		MaxProcesses: cc.MaxProcesses, MaxConversations: cc.MaxConversations, MaxConversationsPerUser: cc.MaxConversations,
+		AgentUser:     cc.AgentUser,
 		AgentUIDRange: sandbox.UIDRange{First: sandbox.DefaultUIDs.First, Count: cc.UIDCount},
 		Logger:        slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
