@@ -76,3 +76,10 @@ bench-gateway:
 .PHONY: bench-jail
 bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
+
+## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
+## stand-in agents, per-turn overhead against the direct CLI (README
+## "bench-worker"; needs root, bwrap and the pinned CLI; about 8 minutes)
+.PHONY: bench-worker
+bench-worker: tools
+	$(GO) run ./scripts/bench-worker $(BENCH_FLAGS)
