@@ -231,7 +231,7 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (latencies
 	if pprofAddr != "" {
 		d := time.Duration(o.rounds)*time.Duration(o.lines)*o.gap - time.Second
 		onMeasure = func() {
-			prof = profile("http://"+pprofAddr, filepath.Join(o.pprofDir, "worker-active.pprof"), max(d, time.Second))
+			prof = profile("http://"+pprofAddr, filepath.Join(o.pprofDir, "worker-active.pprof"), max(d, 10*time.Second))
 		}
 	}
 	l, err := rounds(o, onMeasure, func(i int) ([]time.Duration, int, error) {
