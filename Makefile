@@ -76,3 +76,12 @@ bench-gateway:
 .PHONY: bench-jail
 bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
+
+## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
+## stand-in agents, per-turn overhead against the direct CLI (README
+## "bench-worker"; needs root, bwrap and the pinned CLI of `make tools`; about
+## 8 minutes). Not `tools` as a prerequisite: a worktree's fresh version.txt
+## would look newer than a shared .tools/ and reinstall the CLI under others.
+.PHONY: bench-worker
+bench-worker: bwrap
+	$(GO) run ./scripts/bench-worker $(BENCH_FLAGS)

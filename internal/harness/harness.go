@@ -254,6 +254,11 @@ type Harness struct {
 	procs sync.WaitGroup
 	// createMu serializes the creation of conversations (quota.go).
 	createMu sync.Mutex
+	// quotaCount is the number of conversations on the volume when last
+	// listed, at quotaAt; quotaCreated counts creates admitted since
+	// (quota.go). Guarded by createMu.
+	quotaCount, quotaCreated int
+	quotaAt                  time.Time
 	// replica is this process's replica lease (nil without Leases): the
 	// one renewal that keeps every conversation lease it holds.
 	replica *lease.Replica

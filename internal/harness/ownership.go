@@ -14,6 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/agentfs"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sessionstore"
 )
 
 // This file keeps single ownership (leases), recovery after crashes and
@@ -221,14 +222,31 @@ func readEnviron(pid string) ([]byte, error) {
 // Recover loads every conversation of the session volume that has work
 // waiting or was cut by a crash (a queued message, a turn left running, a
 // CLI process recorded) and that no live replica owns, cleans it up and
-// starts its queued turns. It returns how many it loaded. The harness also
-// runs it every RecoverInterval, which is how conversations handed over by a
-// replica that shut down or died get picked up.
+// starts its queued turns. It returns how many it loaded. Every
+// RecoverInterval the harness does the same for the conversations the
+// store's waiting index names (recoverWaiting), which is how conversations
+// handed over by a replica that shut down or died get picked up.
 func (h *Harness) Recover() (int, error) {
 	ids, err := h.store.List()
 	if err != nil {
 		return 0, err
 	}
+	return h.recover(ids)
+}
+
+// recoverWaiting is Recover of the conversations the store's waiting index
+// names (sessionstore.ListWaiting): every one whose state has work, without
+// reading the state of every idle conversation. Conversations stored before
+// the index existed were seen by the full Recover at start.
+func (h *Harness) recoverWaiting() (int, error) {
+	ids, err := h.store.ListWaiting()
+	if err != nil {
+		return 0, err
+	}
+	return h.recover(ids)
+}
+
+func (h *Harness) recover(ids []string) (int, error) {
 	n, refused := 0, 0
 	defer func() {
 		if refused > 0 {
@@ -243,6 +261,9 @@ func (h *Harness) Recover() (int, error) {
 			continue
 		}
 		meta, err := h.store.LoadMeta(id)
+		if errors.Is(err, sessionstore.ErrNotFound) {
+			continue // deleted since it was listed
+		}
 		if err != nil {
 			h.log.Error("load conversation state", "conversation", id, "err", err)
 			continue
@@ -277,7 +298,7 @@ func (h *Harness) recoverLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if n, err := h.Recover(); err != nil {
+		if n, err := h.recoverWaiting(); err != nil {
 			h.log.Error("recover conversations", "err", err)
 		} else if n > 0 {
 			h.log.Info("took over conversations with waiting work", "count", n)

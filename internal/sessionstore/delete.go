@@ -38,5 +38,8 @@ func (s *Store) RemoveState(conv string) error {
 	if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
 	}
+	if err := s.unmarkWaiting(conv); err != nil {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
 	return nil
 }

@@ -157,8 +157,10 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open session store: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Join(abs, "conversations"), 0o700); err != nil {
-		return nil, fmt.Errorf("open session store: %w", err)
+	for _, d := range []string{"conversations", "waiting"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
+			return nil, fmt.Errorf("open session store: %w", err)
+		}
 	}
 	return &Store{root: abs}, nil
 }
@@ -204,8 +206,19 @@ func (s *Store) SaveMeta(m *Meta) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
 	}
+	work := HasWaitingWork(m)
+	if work {
+		if err := s.markWaiting(m.ConversationID); err != nil {
+			return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+		}
+	}
 	if err := WriteFileAtomic(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
 		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+	}
+	if !work {
+		if err := s.unmarkWaiting(m.ConversationID); err != nil {
+			return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/streamjson"
+)
+
+// latencies are the stand-in-to-reader latencies of one kind of run.
+type latencies struct {
+	p50, p99  time.Duration
+	n         int
+	perSecond float64 // events read per second in the measured window
+}
+
+type activeResult struct {
+	active           int
+	direct, platform latencies
+}
+
+// benchActive runs o.active conversations' turns at once, directly and
+// through the platform.
+func benchActive(o options, work, standin string) (activeResult, error) {
+	r := activeResult{active: o.active}
+	script := fmt.Sprintf("bench lines=%d gap=%s", o.lines, o.gap)
+	fmt.Printf("# active: %d conversations at once, stand-in CLI (%s), turns of %d assistant lines %s apart; 1 warm-up turn, then %d measured turns each\n",
+		o.active, o.containment, o.lines, o.gap, o.rounds)
+
+	var err error
+	if r.direct, err = activeDirect(o, work, standin, script); err != nil {
+		return r, fmt.Errorf("direct: %w", err)
+	}
+	dir, err := os.MkdirTemp(work, "active-")
+	if err != nil {
+		return r, err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return r, err
+	}
+	cc := childConfig{ClaudeBin: standin, Containment: o.containment, AgentReadPaths: filepath.Dir(standin),
+		MaxProcesses: o.active + 8, MaxConversations: max(o.active+100, 1000), UIDCount: 100000}
+	if o.pprofDir != "" {
+		cc.PprofAddr = "127.0.0.1:6062"
+	}
+	p, err := startPlatform(dir, filepath.Join(dir, "sessions"), cc)
+	if err != nil {
+		return r, err
+	}
+	defer p.close()
+	if r.platform, err = activePlatform(o, p, script, cc.PprofAddr); err != nil {
+		return r, fmt.Errorf("platform: %w", err)
+	}
+	fmt.Printf("%-10s %8s %10s %10s %12s\n", "kind", "events", "p50_ms", "p99_ms", "events_per_s")
+	for _, k := range []struct {
+		name string
+		l    latencies
+	}{{"direct", r.direct}, {"platform", r.platform}} {
+		fmt.Printf("%-10s %8d %10.2f %10.2f %12.0f\n", k.name, k.l.n, ms(k.l.p50), ms(k.l.p99), k.l.perSecond)
+	}
+	fmt.Printf("# direct: the bench reads each stand-in's stdout pipe; platform: stand-in → worker (stored, fsynced) → control plane → browser SSE; latency from the stand-in's write to the bench's read\n")
+	return r, nil
+}
+
+// rounds runs every conversation's warm-up turn, then its measured turns
+// together; turn runs one turn of conversation i and returns its
+// latencies and the events it read.
+func rounds(o options, onMeasure func(), turn func(i int) ([]time.Duration, int, error)) (latencies, error) {
+	var l latencies
+	var mu sync.Mutex
+	var all []time.Duration
+	events := 0
+	var firstErr error
+	var wg sync.WaitGroup
+	warm := make(chan struct{})
+	ready := sync.WaitGroup{}
+	ready.Add(o.active)
+	var t0 time.Time
+	for i := range o.active {
+		wg.Go(func() {
+			_, _, err := turn(i)
+			ready.Done()
+			if err != nil {
+				mu.Lock()
+				firstErr = err
+				mu.Unlock()
+				return
+			}
+			<-warm
+			for range o.rounds {
+				d, n, err := turn(i)
+				mu.Lock()
+				all = append(all, d...)
+				events += n
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	ready.Wait()
+	if onMeasure != nil {
+		onMeasure()
+	}
+	t0 = time.Now()
+	close(warm)
+	wg.Wait()
+	if firstErr != nil {
+		return l, firstErr
+	}
+	l.p50, l.p99, l.n = pct(all, 50), pct(all, 99), len(all)
+	l.perSecond = float64(events) / time.Since(t0).Seconds()
+	return l, nil
+}
+
+// activeDirect runs the stand-ins as children of the bench, read through
+// pipes: the baseline.
+func activeDirect(o options, work, standin, script string) (latencies, error) {
+	type child struct {
+		cmd *exec.Cmd
+		in  io.WriteCloser
+		r   *streamjson.Reader
+	}
+	children := make([]*child, o.active)
+	defer func() {
+		for _, c := range children {
+			if c != nil {
+				c.in.Close()
+				c.cmd.Wait()
+			}
+		}
+	}()
+	for i := range children {
+		cmd := exec.Command(standin)
+		cmd.Dir = work
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return latencies{}, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return latencies{}, err
+		}
+		if err := cmd.Start(); err != nil {
+			return latencies{}, err
+		}
+		children[i] = &child{cmd: cmd, in: in, r: streamjson.NewReader(bufio.NewReader(out))}
+	}
+	return rounds(o, nil, func(i int) ([]time.Duration, int, error) {
+		c := children[i]
+		if _, err := c.in.Write(streamjson.UserInput(script, "")); err != nil {
+			return nil, 0, err
+		}
+		var ds []time.Duration
+		n := 0
+		for {
+			line, err := c.r.Next()
+			if err != nil {
+				return ds, n, err
+			}
+			now := time.Now()
+			n++
+			m, err := streamjson.Parse(line)
+			if err != nil {
+				return ds, n, err
+			}
+			switch m := m.(type) {
+			case *streamjson.Assistant:
+				for _, b := range m.Message.Blocks() {
+					if at, ok := sentAt(b.Text); ok {
+						ds = append(ds, now.Sub(at))
+					}
+				}
+			case *streamjson.Result:
+				return ds, n, nil
+			}
+		}
+	})
+}
+
+// activePlatform runs the same turns through the platform: messages sent
+// through the browser API, events read from the browser streams.
+func activePlatform(o options, p *platform, script, pprofAddr string) (latencies, error) {
+	type conv struct {
+		id   string
+		body io.Closer
+		r    *sse.Reader
+	}
+	convs := make([]*conv, o.active)
+	defer func() {
+		for _, c := range convs {
+			if c != nil {
+				c.body.Close()
+			}
+		}
+	}()
+	for i := range convs {
+		id, err := p.newConversation()
+		if err != nil {
+			return latencies{}, err
+		}
+		req, _ := http.NewRequest("GET", p.cpURL+"/api/conversations/"+id+"/stream", nil)
+		req.Header.Set("Authorization", "Bearer "+p.userToken)
+		resp, err := p.hc.Do(req)
+		if err != nil {
+			return latencies{}, err
+		}
+		if resp.StatusCode != 200 {
+			resp.Body.Close()
+			return latencies{}, fmt.Errorf("open stream: %d", resp.StatusCode)
+		}
+		convs[i] = &conv{id: id, body: resp.Body, r: sse.NewReader(bufio.NewReader(resp.Body))}
+	}
+	var prof func() error
+	var onMeasure func()
+	if pprofAddr != "" {
+		d := time.Duration(o.rounds)*time.Duration(o.lines)*o.gap - time.Second
+		onMeasure = func() {
+			prof = profile("http://"+pprofAddr, filepath.Join(o.pprofDir, "worker-active.pprof"), max(d, 10*time.Second))
+		}
+	}
+	l, err := rounds(o, onMeasure, func(i int) ([]time.Duration, int, error) {
+		c := convs[i]
+		if _, err := p.api("POST", "/api/conversations/"+c.id+"/messages", map[string]string{"text": script}, nil); err != nil {
+			return nil, 0, err
+		}
+		var ds []time.Duration
+		n := 0
+		for {
+			e, err := c.r.Next()
+			if err != nil {
+				return ds, n, err
+			}
+			now := time.Now()
+			n++
+			var ev contract.Event
+			if err := json.Unmarshal(e.Data, &ev); err != nil {
+				return ds, n, err
+			}
+			switch ev.Type {
+			case contract.EventAssistantText:
+				var at contract.AssistantText
+				if err := json.Unmarshal(ev.Data, &at); err != nil {
+					return ds, n, err
+				}
+				if t, ok := sentAt(at.Text); ok {
+					ds = append(ds, now.Sub(t))
+				}
+			case contract.EventTurnCompleted:
+				return ds, n, nil
+			case contract.EventTurnFailed:
+				return ds, n, fmt.Errorf("turn failed: %s", ev.Data)
+			}
+		}
+	})
+	if prof != nil {
+		if perr := prof(); perr != nil {
+			fmt.Printf("# pprof: %v\n", perr)
+		}
+	}
+	return l, err
+}
+
+// sentAt reads the stand-in's write time from its text (see
+// standin.SentAt; a main package cannot be imported).
+func sentAt(text string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(text, "bench-ts=")
+	if !ok {
+		return time.Time{}, false
+	}
+	ns, _, _ := strings.Cut(rest, " ")
+	var n int64
+	if _, err := fmt.Sscan(ns, &n); err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, n), true
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/streamjson"
+)
+
+type turnsResult struct {
+	direct, platform time.Duration // medians
+	ratio            float64
+}
+
+// benchTurns times warm turns of the real CLI driven directly and through
+// the whole platform, alternating, on the same development upstream.
+func benchTurns(o options, work string) (turnsResult, error) {
+	var r turnsResult
+	bin, err := claudecli.Find()
+	if err != nil {
+		return r, err
+	}
+	dir, err := os.MkdirTemp(work, "turns-")
+	if err != nil {
+		return r, err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return r, err
+	}
+	p, err := startPlatform(dir, filepath.Join(dir, "sessions"), childConfig{ClaudeBin: bin, Containment: "strict", MaxProcesses: 4, MaxConversations: 1000, UIDCount: 100000})
+	if err != nil {
+		return r, err
+	}
+	defer p.close()
+
+	d, err := startDirectCLI(bin, filepath.Join(dir, "direct"), p.upstream.URL)
+	if err != nil {
+		return r, err
+	}
+	defer d.close()
+
+	conv, err := p.newConversation()
+	if err != nil {
+		return r, err
+	}
+	req, _ := http.NewRequest("GET", p.cpURL+"/api/conversations/"+conv+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+p.userToken)
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return r, fmt.Errorf("open stream: %d", resp.StatusCode)
+	}
+	stream := sse.NewReader(bufio.NewReader(resp.Body))
+	platformTurn := func(text string) (time.Duration, error) {
+		t := time.Now()
+		if _, err := p.api("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text}, nil); err != nil {
+			return 0, err
+		}
+		for {
+			e, err := stream.Next()
+			if err != nil {
+				return 0, err
+			}
+			switch contract.EventType(e.Type) {
+			case contract.EventTurnCompleted:
+				return time.Since(t), nil
+			case contract.EventTurnFailed:
+				return 0, fmt.Errorf("turn failed: %s", e.Data)
+			}
+		}
+	}
+
+	var ds, ps []time.Duration
+	for i := range o.warmup + o.turns {
+		text := fmt.Sprintf("please run `echo bench-turn-%d`", i)
+		// Alternate which goes first, so neither always follows the other.
+		kinds := []func(string) (time.Duration, error){d.turn, platformTurn}
+		outs := []*[]time.Duration{&ds, &ps}
+		if i%2 == 1 {
+			kinds[0], kinds[1] = kinds[1], kinds[0]
+			outs[0], outs[1] = outs[1], outs[0]
+		}
+		for k, f := range kinds {
+			dt, err := f(text)
+			if err != nil {
+				return r, err
+			}
+			if i >= o.warmup {
+				*outs[k] = append(*outs[k], dt)
+			}
+		}
+	}
+	r.direct, r.platform = pct(ds, 50), pct(ps, 50)
+	r.ratio = float64(r.platform) / float64(r.direct)
+	fmt.Printf("# turns: real Claude Code CLI %s, development upstream, prompt \"please run `echo bench-turn-N`\" (a Bash call and an answer quoting it: two model calls); %d warm-up turns of each, then %d of each alternating\n",
+		claudecli.PinnedVersion, o.warmup, o.turns)
+	fmt.Printf("# direct: the bench drives the CLI over stream-json (allowing the Bash call), model calls straight to the upstream; platform: browser API → control plane → worker → CLI in its jail as its own uid → local gateway proxy → control plane gateway → upstream, events back to the browser stream\n")
+	fmt.Printf("%-10s %10s %10s %10s\n", "kind", "p50_ms", "min_ms", "max_ms")
+	for _, k := range []struct {
+		name string
+		d    []time.Duration
+	}{{"direct", ds}, {"platform", ps}} {
+		fmt.Printf("%-10s %10.1f %10.1f %10.1f\n", k.name, ms(pct(k.d, 50)), ms(pct(k.d, 0)), ms(pct(k.d, 100)))
+	}
+	fmt.Printf("# added per turn (medians) %.1f ms, ratio %.2f\n", ms(r.platform-r.direct), r.ratio)
+	return r, nil
+}
+
+// directCLI is the real CLI driven by the bench over stream-json.
+type directCLI struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan streamjson.Message
+}
+
+func startDirectCLI(bin, dir, upstream string) (*directCLI, error) {
+	for _, d := range []string{"work", "config", "home", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.Command(bin, "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+		"--permission-prompt-tool", "stdio", "--permission-mode", "default", "--setting-sources=",
+		"--session-id", uuid.NewString())
+	cmd.Dir = filepath.Join(dir, "work")
+	// As the harness's environment (internal/harness/env.go), with the
+	// upstream's key instead of a placeholder for the local proxy.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "NO_PROXY=127.0.0.1,localhost",
+		"ANTHROPIC_BASE_URL=" + upstream, "ANTHROPIC_AUTH_TOKEN=" + upstreamAPIKey,
+		"CLAUDE_CONFIG_DIR=" + filepath.Join(dir, "config"), "HOME=" + filepath.Join(dir, "home"),
+		"CLAUDE_CODE_TMPDIR=" + filepath.Join(dir, "tmp"), "TMPDIR=" + filepath.Join(dir, "tmp"),
+		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_TELEMETRY=1", "DISABLE_AUTOUPDATER=1", "BUN_ENABLE_CRASH_REPORTING=0"}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	d := &directCLI{cmd: cmd, in: in, lines: make(chan streamjson.Message, 64)}
+	go func() {
+		defer close(d.lines)
+		r := streamjson.NewReader(out)
+		for {
+			line, err := r.Next()
+			if err != nil {
+				return
+			}
+			m, err := streamjson.Parse(line)
+			if err != nil {
+				continue
+			}
+			if c, ok := m.(*streamjson.ControlRequest); ok {
+				// Allow the tool call, as the harness's allow policy does.
+				var req struct {
+					Input     json.RawMessage `json:"input"`
+					ToolUseID string          `json:"tool_use_id"`
+				}
+				_ = json.Unmarshal(c.Request, &req)
+				if len(req.Input) == 0 {
+					req.Input = json.RawMessage("{}")
+				}
+				_, _ = in.Write(streamjson.ControlSuccess(c.RequestID, map[string]any{"behavior": "allow", "updatedInput": req.Input, "toolUseID": req.ToolUseID}))
+				continue
+			}
+			d.lines <- m
+		}
+	}()
+	return d, nil
+}
+
+func (d *directCLI) turn(text string) (time.Duration, error) {
+	t := time.Now()
+	if _, err := d.in.Write(streamjson.UserInput(text, uuid.NewString())); err != nil {
+		return 0, err
+	}
+	for m := range d.lines {
+		if res, ok := m.(*streamjson.Result); ok {
+			if res.IsError {
+				return 0, fmt.Errorf("direct turn failed: %s %v", res.Result, res.Errors)
+			}
+			return time.Since(t), nil
+		}
+	}
+	return 0, fmt.Errorf("the CLI exited")
+}
+
+func (d *directCLI) close() {
+	d.in.Close()
+	done := make(chan struct{})
+	go func() { d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+	}
+}
