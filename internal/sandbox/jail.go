@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -272,10 +273,20 @@ func (c *Cell) Kill() {
 	}
 }
 
-// Processes returns the host ids of the jail's processes.
+// Processes returns the host ids of the jail's processes: the members of
+// its control group (every process it started, however detached), else the
+// descendants of bwrap found by walking /proc, which costs a read per
+// process on the host.
 func (c *Cell) Processes() []int {
 	if c.Cmd.Process == nil {
 		return nil
+	}
+	if c.cg != nil {
+		pids := c.cg.Processes()
+		if !slices.Contains(pids, c.Cmd.Process.Pid) {
+			pids = append(pids, c.Cmd.Process.Pid)
+		}
+		return pids
 	}
 	return append([]int{c.Cmd.Process.Pid}, descendants(c.Cmd.Process.Pid)...)
 }

@@ -9,8 +9,10 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
@@ -130,8 +132,28 @@ func newAdmission(b fdBudget, maxProcesses int, liveProcesses func() int, diskDi
 	if l := debug.SetMemoryLimit(-1); l > 0 && l < math.MaxInt64 {
 		a.memLimit = l
 	}
-	a.openFiles = func() int { return openFiles(b.Limit) }
+	a.openFiles = cachedFor(openFilesTTL, func() int { return openFiles(b.Limit) })
 	return a
+}
+
+// openFilesTTL is how long a count of open files is reused: counting reads
+// /proc/self/fd, which costs as much as there are files, and admission
+// asks on every request. The static caps hold between two counts.
+const openFilesTTL = 100 * time.Millisecond
+
+// cachedFor returns f, its result reused for ttl.
+func cachedFor(ttl time.Duration, f func() int) func() int {
+	var mu sync.Mutex
+	var at time.Time
+	var v int
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if at.IsZero() || time.Since(at) >= ttl {
+			v, at = f(), time.Now()
+		}
+		return v
+	}
 }
 
 // refusal is the answer to new work the worker does not take now.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
@@ -80,5 +81,23 @@ func TestExhaustionErrorsAreRefusals(t *testing.T) {
 	}
 	if exhaustionError(errors.New("other")) != nil {
 		t.Error("an unrelated error mapped to a refusal")
+	}
+}
+
+// TestOpenFilesCountReused: admission counts open files at most once per
+// openFilesTTL however many requests ask, and counts again after it.
+func TestOpenFilesCountReused(t *testing.T) {
+	calls := 0
+	f := cachedFor(time.Hour, func() int { calls++; return calls })
+	for range 100 {
+		if got := f(); got != 1 {
+			t.Fatalf("count %d within the ttl, want the first (1)", got)
+		}
+	}
+	g := cachedFor(time.Nanosecond, func() int { calls++; return calls })
+	a := g()
+	time.Sleep(time.Millisecond)
+	if b := g(); b == a {
+		t.Errorf("count not taken again after the ttl")
 	}
 }
