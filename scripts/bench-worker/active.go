@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	rpprof "runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -232,6 +233,13 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (latencies
 		d := time.Duration(o.rounds)*time.Duration(o.lines)*o.gap - time.Second
 		onMeasure = func() {
 			prof = profile("http://"+pprofAddr, filepath.Join(o.pprofDir, "worker-active.pprof"), max(d, 10*time.Second))
+			// This process too: the control plane, the development
+			// upstream and the browser clients.
+			if f, err := os.Create(filepath.Join(o.pprofDir, "controlplane-active.pprof")); err == nil {
+				if err := rpprof.StartCPUProfile(f); err == nil {
+					time.AfterFunc(max(d, 10*time.Second), func() { rpprof.StopCPUProfile(); f.Close() })
+				}
+			}
 		}
 	}
 	l, err := rounds(o, onMeasure, func(i int) ([]time.Duration, int, error) {
