@@ -81,7 +81,13 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	s.unloadLocked()
 	s.mu.Unlock()
 	defer func() {
-		if s.held != nil {
+		if s.held == nil {
+			return
+		}
+		// The conversation is gone for good: its lease goes too, so
+		// deleted conversations leave no lease files or objects behind.
+		if err := h.cfg.Leases.Forget(context.Background(), conv); err != nil {
+			h.log.Warn("remove the deleted conversation's lease", "conversation", conv, "err", err)
 			if err := s.held.Release(context.Background()); err != nil {
 				h.log.Warn("release conversation lease", "conversation", conv, "err", err)
 			}

@@ -286,3 +286,21 @@ func openFilesUnder(t *testing.T, dir string) int {
 	}
 	return n
 }
+
+// TestDeleteForgetsTheLease: a deleted conversation leaves no lease behind
+// (months of deleted conversations would otherwise pile up lease files or
+// Lease objects).
+func TestDeleteForgetsTheLease(t *testing.T) {
+	r := startRig(t, rigOptions{})
+	mustCreate(t, r.h, "doomed")
+	r.follow(t, "doomed") // loaded, its lease held
+	if rec, err := r.h.cfg.Leases.Get(context.Background(), "doomed"); err != nil || rec.Generation == 0 {
+		t.Fatalf("lease before the delete: %+v, %v", rec, err)
+	}
+	if _, err := r.h.Delete("doomed"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := r.h.cfg.Leases.Get(context.Background(), "doomed"); err != nil || rec.Generation != 0 {
+		t.Errorf("lease after the delete: %+v, %v; want none", rec, err)
+	}
+}

@@ -313,3 +313,11 @@ func (m *FileManager) Replica(_ context.Context, holder string) (Record, error) 
 	}
 	return r, nil
 }
+
+// Forget implements Manager.
+func (m *FileManager) Forget(_ context.Context, name string) error {
+	if err := os.RemoveAll(m.convDir(name)); err != nil {
+		return fmt.Errorf("forget lease %s: %w", name, err)
+	}
+	return nil
+}

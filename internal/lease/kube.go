@@ -39,7 +39,8 @@ const (
 )
 
 // NewKubeManager keeps leases in namespace through client. The worker's
-// ServiceAccount needs get, create, update and delete on leases in that
+// ServiceAccount needs get, create, update and delete (a deleted
+// conversation's lease is removed) on leases in that
 // namespace.
 func NewKubeManager(client kubernetes.Interface, namespace string, cfg Config) (*KubeManager, error) {
 	if err := cfg.setDefaults(); err != nil {
@@ -305,4 +306,13 @@ func (m *KubeManager) Replica(ctx context.Context, holder string) (Record, error
 		return Record{}, fmt.Errorf("read replica lease %s: %w", holder, err)
 	}
 	return m.toRecord(l), nil
+}
+
+// Forget implements Manager.
+func (m *KubeManager) Forget(ctx context.Context, name string) error {
+	err := m.client.CoordinationV1().Leases(m.namespace).Delete(ctx, objectName(name), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("forget lease %s: %w", name, err)
+	}
+	return nil
 }

@@ -151,6 +151,10 @@ type Manager interface {
 	// may take it at once. Releasing a lease that is no longer gen, or no
 	// longer this process's, is not an error and changes nothing.
 	Release(ctx context.Context, name string, gen int64) error
+	// Forget removes the conversation lease of name for good (the
+	// conversation was deleted); the next acquisition starts again at
+	// generation 1. Forgetting a missing lease is not an error.
+	Forget(ctx context.Context, name string) error
 	// Get returns the conversation's current record (Generation 0 when
 	// none exists), with ExpiresAt from its holder's replica lease, zero
 	// when the holding is not alive.

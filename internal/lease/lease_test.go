@@ -92,6 +92,16 @@ func newLeaseAPI() *fake.Clientset {
 		store[l.Name] = l
 		return true, l.DeepCopy(), nil
 	})
+	cs.PrependReactor("delete", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		name := a.(k8stesting.DeleteAction).GetName()
+		if _, ok := store[name]; !ok {
+			return true, nil, apierrors.NewNotFound(gr, name)
+		}
+		delete(store, name)
+		return true, nil, nil
+	})
 	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -120,6 +130,7 @@ func TestConformance(t *testing.T) {
 			t.Run("restart of the same replica", func(t *testing.T) { testRestart(t, mk()) })
 			t.Run("replica release frees every conversation", func(t *testing.T) { testReplicaRelease(t, mk()) })
 			t.Run("race", func(t *testing.T) { testRace(t, mk()) })
+			t.Run("forget", func(t *testing.T) { testForget(t, mk()) })
 		})
 	}
 }
@@ -424,4 +435,23 @@ func TestReplicaConcurrentHeartbeats(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func testForget(t *testing.T, b backend) {
+	ctx := context.Background()
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	ia, _ := ids()
+	a := started(t, b(t, ia, c))
+	if _, err := a.Acquire(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Forget(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Get(ctx, "gone"); err != nil || got.Generation != 0 {
+		t.Fatalf("after Forget: %+v, %v; want no record", got, err)
+	}
+	if err := a.Forget(ctx, "gone"); err != nil {
+		t.Errorf("forgetting a missing lease: %v", err)
+	}
 }
