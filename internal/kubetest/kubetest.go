@@ -96,7 +96,14 @@ func startShared() (*Cluster, error) {
 	if testing.Verbose() {
 		log = os.Stderr
 	}
-	return Start(ctx, Options{BinDir: dir, Log: log})
+	// The ports are free when picked, but test binaries of other packages
+	// pick theirs at the same time: a port taken in between is retried.
+	for attempt := 1; ; attempt++ {
+		c, err := Start(ctx, Options{BinDir: dir, Log: log})
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+	}
 }
 
 // Namespace creates a namespace with a random name for t, waits until its
