@@ -68,6 +68,7 @@ cluster-bins: $(K8S_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
 	nice -n 10 $(GO) run ./scripts/cluster bins
+	@touch $@
 
 ## cluster: start the test cluster in the background and print KUBECONFIG=<path>
 ## (its kubectl is in $(K8S_BIN_DIR)); cluster-down stops it
