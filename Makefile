@@ -10,6 +10,10 @@ CLAUDE_DIR := $(TOOLS)/claude-code
 CLAUDE_BIN := $(CLAUDE_DIR)/node_modules/.bin/claude
 CLAUDE_STAMP := $(CLAUDE_DIR)/.installed-$(CLAUDE_CODE_VERSION)
 BIN := $(CURDIR)/bin
+# The test cluster's pinned versions (etcd, Kubernetes, kwok) live in exactly
+# one place; internal/kubetest embeds the same file and names the same dir.
+include internal/kubetest/versions.env
+K8S_BIN_DIR := $(CURDIR)/.cache/k8s/k8s-$(K8S_VERSION)_etcd-$(ETCD_VERSION)_kwok-$(KWOK_VERSION)
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
@@ -46,8 +50,9 @@ build:
 run: tools build
 	$(BIN)/talkide run
 
-## test: every test, with the race detector, against the real CLI and PostgreSQL
-test: tools vet fmt-check
+## test: every test, with the race detector, against the real CLI, PostgreSQL
+## and the test cluster (built first by cluster-bins)
+test: tools cluster-bins vet fmt-check
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 vet:
@@ -55,6 +60,23 @@ vet:
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
+
+## cluster-bins: build the test cluster's binaries from the Go module proxy into
+## .cache/k8s/<versions>/ (git-ignored); a no-op while the versions are unchanged
+.PHONY: cluster-bins cluster cluster-down
+cluster-bins: $(K8S_BIN_DIR)/.stamp
+
+$(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
+	nice -n 10 $(GO) run ./scripts/cluster bins
+	@touch $@
+
+## cluster: start the test cluster in the background and print KUBECONFIG=<path>
+## (its kubectl is in $(K8S_BIN_DIR)); cluster-down stops it
+cluster: cluster-bins
+	@$(GO) run ./scripts/cluster up
+
+cluster-down:
+	@$(GO) run ./scripts/cluster down
 
 clean:
 	rm -rf $(BIN) .talkide

@@ -5,18 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/kubernetes"
 )
 
 // clock is a settable clock shared by the managers of one test.
@@ -45,80 +39,22 @@ func fileBackend() backend {
 	}
 }
 
-// kubeBackend uses the fake clientset with reactors that keep the leases
-// themselves and enforce resourceVersion on update and uniqueness on create,
-// as the API server does (the fake's own tracker checks neither).
+// kubeBackend keeps leases on the real API server (internal/kubetest), in a
+// fresh namespace per case, acting as the worker does: a ServiceAccount
+// token whose Role grants exactly leaseRules.
 func kubeBackend() backend {
-	var cs *fake.Clientset
+	var cs kubernetes.Interface
+	var ns string
 	var once sync.Once
 	return func(t *testing.T, id Identity, c *clock) Manager {
-		once.Do(func() { cs = newLeaseAPI() })
-		m, err := NewKubeManager(cs, "acme-dev", Config{Identity: id, Duration: 10 * time.Second, Skew: time.Second})
+		once.Do(func() { cs, ns = leaseClient(t, leaseRules) })
+		m, err := NewKubeManager(cs, ns, Config{Identity: id, Duration: 10 * time.Second, Skew: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m.now = c.now
 		return m
 	}
-}
-
-// newLeaseAPI returns a clientset whose leases live in a map guarded by a
-// mutex, with optimistic concurrency on resourceVersion.
-func newLeaseAPI() *fake.Clientset {
-	cs := fake.NewClientset()
-	var mu sync.Mutex
-	store := map[string]*coordinationv1.Lease{}
-	version := 0
-	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
-	cs.PrependReactor("get", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		name := a.(k8stesting.GetAction).GetName()
-		l, ok := store[name]
-		if !ok {
-			return true, nil, apierrors.NewNotFound(gr, name)
-		}
-		return true, l.DeepCopy(), nil
-	})
-	cs.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		if _, ok := store[l.Name]; ok {
-			return true, nil, apierrors.NewAlreadyExists(gr, l.Name)
-		}
-		version++
-		l.ResourceVersion = strconv.Itoa(version)
-		store[l.Name] = l
-		return true, l.DeepCopy(), nil
-	})
-	cs.PrependReactor("delete", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		name := a.(k8stesting.DeleteAction).GetName()
-		if _, ok := store[name]; !ok {
-			return true, nil, apierrors.NewNotFound(gr, name)
-		}
-		delete(store, name)
-		return true, nil, nil
-	})
-	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		cur, ok := store[l.Name]
-		if !ok {
-			return true, nil, apierrors.NewNotFound(gr, l.Name)
-		}
-		if cur.ResourceVersion != l.ResourceVersion {
-			return true, nil, apierrors.NewConflict(gr, l.Name, errors.New("the object has been modified"))
-		}
-		version++
-		l.ResourceVersion = strconv.Itoa(version)
-		store[l.Name] = l
-		return true, l.DeepCopy(), nil
-	})
-	return cs
 }
 
 func TestConformance(t *testing.T) {

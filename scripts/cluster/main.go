@@ -1,0 +1,217 @@
+// Command cluster builds and runs the test cluster of internal/kubetest by
+// hand (README, "Test cluster"):
+//
+//	cluster bins    build the pinned binaries into .cache/k8s/<versions>/ (once)
+//	cluster up      start the cluster in the background; prints KUBECONFIG=<path>
+//	cluster down    stop the cluster `up` started
+//	cluster serve   start the cluster in the foreground until Ctrl-C
+//
+// `make cluster-bins`, `make cluster` and `make cluster-down` call it. The
+// state of the background cluster (kubeconfig, certificates, logs) lives in
+// .cache/k8s/cluster/.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/talkide/talkide/internal/kubetest"
+)
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: cluster bins|up|down|serve [-nodes N]")
+		flag.PrintDefaults()
+	}
+	nodes := flag.Int("nodes", 1, "number of kwok fake nodes")
+	if len(os.Args) < 2 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	cmd := os.Args[1]
+	_ = flag.CommandLine.Parse(os.Args[2:])
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cmd, *nodes); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cmd string, nodes int) error {
+	root, err := kubetest.RepoRoot()
+	if err != nil {
+		return err
+	}
+	v := kubetest.Pinned()
+	bins := kubetest.BinDir(root, v)
+	state := filepath.Join(root, ".cache", "k8s", "cluster")
+	switch cmd {
+	case "bins":
+		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "cluster binaries %s in %s\n", v.Key(), bins)
+		return nil
+	case "up":
+		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
+			return err
+		}
+		return up(ctx, state, nodes)
+	case "down":
+		return down(state)
+	case "serve":
+		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
+			return err
+		}
+		return serve(ctx, bins, state, nodes, "")
+	case "serve-background": // started by up
+		return serve(ctx, bins, state, nodes, filepath.Join(state, "ready"))
+	}
+	return fmt.Errorf("unknown command %q (want bins, up, down or serve)", cmd)
+}
+
+// serve runs the cluster until ctx ends; ready, when set, gets the
+// kubeconfig path once the cluster is ready.
+func serve(ctx context.Context, bins, state string, nodes int, ready string) error {
+	if err := os.RemoveAll(state); err != nil {
+		return err
+	}
+	c, err := kubetest.Start(ctx, kubetest.Options{BinDir: bins, Dir: state, Nodes: nodes, Log: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	fmt.Printf("KUBECONFIG=%s\n", c.Kubeconfig())
+	fmt.Fprintf(os.Stderr, "kubectl: %s\nlogs: %s/*.log\n", filepath.Join(bins, "kubectl"), state)
+	if ready != "" {
+		if err := os.WriteFile(ready, []byte(c.Kubeconfig()), 0o600); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(os.Stderr, "export KUBECONFIG=%s\nrunning until Ctrl-C\n", c.Kubeconfig())
+	}
+	<-ctx.Done()
+	fmt.Fprintln(os.Stderr, "stopping the cluster")
+	return nil
+}
+
+// up starts `serve-background` detached (its own session, output to
+// serve.log) and waits until it reports the cluster ready.
+func up(ctx context.Context, state string, nodes int) error {
+	pidFile := filepath.Join(filepath.Dir(state), "cluster.pid")
+	if pid, ok := running(pidFile); ok {
+		kc, _ := os.ReadFile(filepath.Join(state, "ready"))
+		fmt.Printf("KUBECONFIG=%s\n", kc)
+		fmt.Fprintf(os.Stderr, "the cluster is already running (pid %d); stop it with `make cluster-down`\n", pid)
+		return nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// A ready file left by an earlier run must not be taken for this one.
+	if err := os.RemoveAll(state); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(state), 0o755); err != nil {
+		return err
+	}
+	logPath := filepath.Join(filepath.Dir(state), "cluster.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(self, "serve-background", "-nodes", strconv.Itoa(nodes))
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	ready := filepath.Join(state, "ready")
+	deadline := time.After(2 * time.Minute)
+	for {
+		if kc, err := os.ReadFile(ready); err == nil && len(kc) > 0 {
+			fmt.Printf("KUBECONFIG=%s\n", kc)
+			fmt.Fprintf(os.Stderr, "the cluster runs in the background (pid %d, log %s)\n"+
+				"use it with: export KUBECONFIG=%s\nstop it with: make cluster-down\n", cmd.Process.Pid, logPath, kc)
+			return nil
+		}
+		select {
+		case err := <-exited:
+			os.Remove(pidFile)
+			b, _ := os.ReadFile(logPath)
+			return fmt.Errorf("the cluster did not start (%v):\n%s", err, b)
+		case <-deadline:
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			return fmt.Errorf("the cluster was not ready within 2 minutes; see %s", logPath)
+		case <-ctx.Done():
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// down stops the background cluster: SIGTERM to its supervisor, which
+// stops every component; SIGKILL after 30 s (the components die with it).
+func down(state string) error {
+	pidFile := filepath.Join(filepath.Dir(state), "cluster.pid")
+	pid, ok := running(pidFile)
+	if !ok {
+		os.Remove(pidFile)
+		fmt.Fprintln(os.Stderr, "no cluster is running")
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for range 300 {
+		if !alive(pid) {
+			os.Remove(pidFile)
+			fmt.Fprintln(os.Stderr, "cluster stopped")
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	os.Remove(pidFile)
+	return errors.New("the cluster did not stop within 30 s; killed it")
+}
+
+// running reads the supervisor's pid and reports whether it is alive.
+func running(pidFile string) (int, bool) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, alive(pid)
+}
+
+func alive(pid int) bool {
+	// A zombie (exited, not yet reaped) counts as gone.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
