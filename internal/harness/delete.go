@@ -51,6 +51,7 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 			break
 		}
 		s.mu.Unlock()
+		s.unpin()
 		s = nil
 	}
 	if s == nil {
@@ -59,6 +60,7 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	// s.mu is held. No turn starts from now: nothing is queued, and the
 	// follower count keeps the session loaded (maybeUnload leaves it).
 	s.followers++
+	s.unpin() // the follower count keeps it loaded from here
 	s.meta.Pending = nil
 	s.meta.Stopped = true
 	_ = s.saveLocked()

@@ -327,7 +327,7 @@ func (h *Harness) loaded() []*session {
 
 // session returns the loaded session of conv, loading it (taking its lease,
 // reading its state from the store, cleaning up after a crashed previous
-// owner) if needed. With create set, a missing session is created for
+// owner) if needed, pinned: the caller calls unpin when done with it. With create set, a missing session is created for
 // userID. Errors: ErrInvalid, ErrNotFound, *NotOwnerError, ErrUnavailable.
 func (h *Harness) session(conv, userID, model string, create bool) (*session, error) {
 	if err := contract.ValidConversationID(conv); err != nil {
@@ -336,6 +336,7 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 	for {
 		h.mu.Lock()
 		if s, ok := h.sessions[conv]; ok {
+			s.pins++
 			h.mu.Unlock()
 			return s, nil
 		}
@@ -365,6 +366,7 @@ func (h *Harness) session(conv, userID, model string, create bool) (*session, er
 		delete(h.loading, conv)
 		if err == nil {
 			h.sessions[conv] = s
+			s.pins++
 		}
 		h.mu.Unlock()
 		close(done)
@@ -506,10 +508,12 @@ func (h *Harness) with(conv, userID, model string, create bool, f func(s *sessio
 		s.mu.Lock()
 		if s.gone {
 			s.mu.Unlock()
+			s.unpin()
 			continue
 		}
 		err = f(s)
 		s.mu.Unlock()
+		s.unpin()
 		// A conversation with nothing running and nobody following costs
 		// nothing: no open file, no lease.
 		s.maybeUnload()
@@ -567,6 +571,8 @@ func (h *Harness) Stop(conv string) (contract.SessionStatus, error) {
 	if err != nil {
 		return contract.SessionStatus{}, err
 	}
+	defer s.maybeUnload()
+	defer s.unpin()
 	s.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -98,7 +98,8 @@ func (s *session) unloadLocked() {
 }
 
 // maybeUnload releases the lease and unloads the session when nothing keeps
-// it: no process, no turn, nothing queued, no follower. The next request
+// it: no process, no turn, nothing queued, no follower, no request pinning
+// it. The next request
 // loads it again (on this or another replica). Until the lease is released,
 // the conversation counts as loading, so a load of it in this process waits
 // and never races the release (case W1).
@@ -112,6 +113,17 @@ func (s *session) maybeUnload() {
 	h := s.h
 	done := make(chan struct{})
 	h.mu.Lock()
+	if s.pins > 0 {
+		// A request is about to use it; it unloads it when done.
+		h.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	// Out of the map and marked loading in one step: a request finds it
+	// loading (and waits) or pinned it before (and it stays).
+	if h.sessions[s.conv] == s {
+		delete(h.sessions, s.conv)
+	}
 	h.loading[s.conv] = done
 	h.mu.Unlock()
 	s.unloadLocked()
@@ -284,6 +296,7 @@ func (h *Harness) recover(ids []string) (int, error) {
 			continue
 		}
 		n++
+		s.unpin()
 		h.procs.Go(s.maybeUnload) // nothing queued after the cleanup: let it go again
 	}
 	return n, nil

@@ -38,6 +38,10 @@ type session struct {
 	gone bool
 	// followers counts connected event streams; guarded by mu.
 	followers int
+	// pins counts requests between finding the session (Harness.session)
+	// and being done with it (unpin): an idle session is not unloaded
+	// under a request about to use it; guarded by h.mu.
+	pins int
 	// slot is true while the session holds one of the MaxProcesses slots,
 	// queued while it waits for one; guarded by mu.
 	slot, queued bool
@@ -533,4 +537,11 @@ func (s *session) stopIfIdle(p *process) {
 		s.h.log.Info("stopping idle claude code process", "conversation", s.conv)
 		p.terminate(s.h.cfg.StopGrace)
 	}
+}
+
+// unpin ends a request's use of the session (see session.pins).
+func (s *session) unpin() {
+	s.h.mu.Lock()
+	s.pins--
+	s.h.mu.Unlock()
 }
