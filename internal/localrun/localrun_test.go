@@ -336,17 +336,24 @@ type run struct {
 // banner. The test fails if it ends early or prints no banner.
 func startRun(t *testing.T, claude string, extraEnv ...string) *run {
 	t.Helper()
-	r := &run{bin: buildBinaries(t), state: platformtest.AgentReachableTempDir(t), out: &platformtest.LogBuffer{}}
+	return launch(t, Config{StateDir: platformtest.AgentReachableTempDir(t), BinDir: buildBinaries(t),
+		ExtraEnv: append([]string{"TALKIDE_CLAUDE_BIN=" + claude}, extraEnv...)})
+}
+
+// launch runs the platform with cfg on a free address (its output and
+// logger set here) and waits for its banner. The test fails if it ends
+// early or prints no banner.
+func launch(t *testing.T, cfg Config) *run {
+	t.Helper()
+	r := &run{bin: cfg.BinDir, state: cfg.StateDir, out: &platformtest.LogBuffer{}}
 	var err error
 	if r.addr, err = freeAddr(); err != nil {
 		t.Fatal(err)
 	}
+	cfg.HTTPAddr, cfg.Out, cfg.Logger = r.addr, r.out, slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{StateDir: r.state, HTTPAddr: r.addr, BinDir: r.bin, Out: r.out,
-			ExtraEnv: append([]string{"TALKIDE_CLAUDE_BIN=" + claude}, extraEnv...), Logger: slog.New(slog.DiscardHandler)})
-	}()
+	go func() { done <- Run(ctx, cfg) }()
 	stopped := false
 	r.stop = func() {
 		if stopped {

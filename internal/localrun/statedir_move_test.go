@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,50 +140,8 @@ type movedRun struct {
 // its banner.
 func startMoveRun(t *testing.T, cfg Config) *movedRun {
 	t.Helper()
-	addr, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.HTTPAddr = addr
-	out := &platformtest.LogBuffer{}
-	cfg.Out, cfg.Logger = out, slog.New(slog.DiscardHandler)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg) }()
-	r := &movedRun{t: t, base: "http://" + addr, logs: cfg.StateDir}
-	stopped := false
-	r.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("Run did not return within 60 s of cancellation")
-		}
-	}
-	tokRe := regexp.MustCompile(`User token:\s+(\S+)`)
-	for deadline := time.Now().Add(90 * time.Second); r.tok == ""; time.Sleep(100 * time.Millisecond) {
-		if m := tokRe.FindStringSubmatch(out.String()); m != nil {
-			r.tok = m[1]
-		}
-		select {
-		case err := <-done:
-			stopped = true
-			t.Fatalf("Run returned early: %v; logs:\n%s", err, logs(cfg.StateDir))
-		default:
-		}
-		if time.Now().After(deadline) {
-			r.stop()
-			t.Fatalf("no banner within 90 s; logs:\n%s", logs(cfg.StateDir))
-		}
-	}
-	return r
+	r := launch(t, cfg)
+	return &movedRun{t: t, base: "http://" + r.addr, tok: r.tok, stop: r.stop, logs: cfg.StateDir}
 }
 
 func (r *movedRun) call(method, path, body string) (int, []byte) {
