@@ -148,7 +148,7 @@ func TestOpenFilesLimitRefusesInsteadOfHanging(t *testing.T) {
 	if strings.Contains(strings.ToLower(p.Log()), "too many open files") {
 		t.Errorf("the control plane ran out of open files:\n%s", p.Log())
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -220,7 +220,7 @@ func modelCall(t *testing.T, base string, master token.MasterKey, conv string) (
 
 // rss returns the process's resident memory in KiB, or 0.
 func rss(p *cpProcess) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Cmd.Process.Pid) + "/status")
 	if err != nil {
 		return 0
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sse"
 )
 
@@ -31,18 +30,7 @@ func TestMain(m *testing.M) {
 }
 
 // cpProcess is a control plane running as a child process.
-type cpProcess struct {
-	cmd *exec.Cmd
-	// URL is its base URL, read from its "control plane listening" log line.
-	URL string
-	// exited is closed when the process has ended; err is Wait's result.
-	exited chan struct{}
-	err    error
-
-	mu sync.Mutex
-	// log is the process's stderr so far; guarded by mu.
-	log bytes.Buffer
-}
+type cpProcess struct{ *platformtest.Process }
 
 // startControlPlaneProcess starts the control plane with env (on top of this
 // process's environment without any TALKIDE_ or ANTHROPIC_ variable) and
@@ -66,60 +54,7 @@ func startControlPlaneProcess(t *testing.T, env []string, wrap string) *cpProces
 	}
 	cmd.Env = append(cmd.Env, envExecMain+"=1", "TALKIDE_HTTP_ADDR=127.0.0.1:0")
 	cmd.Env = append(cmd.Env, env...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &cpProcess{cmd: cmd, exited: make(chan struct{})}
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			p.mu.Lock()
-			p.log.Write(line)
-			p.log.WriteByte('\n')
-			p.mu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(line, &rec) == nil && rec.Msg == "control plane listening" {
-				select {
-				case listening <- rec.Addr:
-				default:
-				}
-			}
-		}
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("control plane log:\n%s", p.Log())
-		}
-	})
-	select {
-	case addr := <-listening:
-		p.URL = "http://" + addr
-	case <-p.exited:
-		t.Fatalf("control plane exited while starting: %v\n%s", p.err, p.Log())
-	}
-	return p
-}
-
-// Log returns what the process wrote to stderr so far.
-func (p *cpProcess) Log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
+	return &cpProcess{platformtest.StartProcess(t, cmd, "control plane listening", os.Kill, time.Minute)}
 }
 
 // waitReady polls /healthz until it answers 200.
@@ -135,8 +70,8 @@ func (p *cpProcess) waitReady(t *testing.T) {
 			}
 		}
 		select {
-		case <-p.exited:
-			t.Fatalf("control plane exited: %v\n%s", p.err, p.Log())
+		case <-p.Exited:
+			t.Fatalf("control plane exited: %v\n%s", p.Err, p.Log())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -155,7 +155,7 @@ func TestSIGTERMCutsNoCall(t *testing.T) {
 	}
 
 	// The redeploy.
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := a.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	worker.add(conv.ID) // may or may not reach the browser through A
@@ -209,9 +209,9 @@ func TestSIGTERMCutsNoCall(t *testing.T) {
 	if len(types) == 0 || types[len(types)-1] != "message_stop" {
 		t.Fatalf("model call after SIGTERM: got events %v, want them to end with message_stop", types)
 	}
-	<-a.exited
-	if a.err != nil {
-		t.Errorf("A exited with %v, want 0", a.err)
+	<-a.Exited
+	if a.Err != nil {
+		t.Errorf("A exited with %v, want 0", a.Err)
 	}
 
 	// Booked with its real usage (A books pending debits before it exits).

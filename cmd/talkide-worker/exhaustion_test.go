@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,21 +50,7 @@ const guard = 2 * time.Minute
 const nofile = 512
 
 // workerProcess is a worker running as a child process.
-type workerProcess struct {
-	URL    string
-	exited chan struct{}
-	err    error
-
-	mu sync.Mutex
-	// log is the process's stderr so far; guarded by mu.
-	log bytes.Buffer
-}
-
-func (p *workerProcess) Log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+type workerProcess struct{ *platformtest.Process }
 
 // startWorkerProcess starts the worker under `prlimit --nofile` with env and
 // waits until it listens.
@@ -84,65 +68,7 @@ func startWorkerProcess(t *testing.T, env []string) *workerProcess {
 		}
 	}
 	cmd.Env = append(append(cmd.Env, envExecMain+"=1"), env...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the worker under prlimit (util-linux): %v", err)
-	}
-	p := &workerProcess{exited: make(chan struct{})}
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			p.mu.Lock()
-			p.log.Write(line)
-			p.log.WriteByte('\n')
-			p.mu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(line, &rec) == nil && rec.Msg == "worker listening" {
-				select {
-				case listening <- rec.Addr:
-				default:
-				}
-			}
-		}
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			cmd.Process.Signal(os.Interrupt)
-			select {
-			case <-p.exited:
-			case <-time.After(guard):
-				cmd.Process.Kill()
-				<-p.exited
-			}
-		}
-		if t.Failed() {
-			t.Logf("worker log (tail):\n%s", tail(p.Log(), 60))
-		}
-	})
-	select {
-	case addr := <-listening:
-		p.URL = "http://" + addr
-	case <-p.exited:
-		t.Fatalf("worker exited while starting: %v\n%s", p.err, p.Log())
-	case <-time.After(guard):
-		t.Fatalf("worker did not start\n%s", p.Log())
-	}
-	return p
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+	return &workerProcess{platformtest.StartProcess(t, cmd, "worker listening", os.Interrupt, guard)}
 }
 
 // answer is one browser API answer.
