@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"errors"
-	"os"
 	"syscall"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -53,14 +52,10 @@ func newFDBudget(limit, open int) fdBudget {
 
 // currentFDBudget reads the process's limit and open files.
 func currentFDBudget() fdBudget {
-	var rl syscall.Rlimit
-	limit := 1 << 20
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(limit) {
-		limit = int(rl.Cur)
-	}
-	open := 32
-	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
-		open = len(ents)
+	limit := httpapi.OpenFilesLimit()
+	open, ok := httpapi.OpenFiles(limit)
+	if !ok {
+		open = 32
 	}
 	return newFDBudget(limit, open)
 }

@@ -2,12 +2,15 @@ package httpapi
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -100,4 +103,31 @@ type countedConn struct {
 func (c *countedConn) Close() error {
 	c.once.Do(func() { c.l.open.Add(-1) })
 	return c.Conn.Close()
+}
+
+// OpenFilesLimit returns the process's open-files limit (RLIMIT_NOFILE's
+// soft limit, which Go raises to the hard one at start), at most 1<<20.
+func OpenFilesLimit() int {
+	var rl syscall.Rlimit
+	limit := 1 << 20
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(limit) {
+		limit = int(rl.Cur)
+	}
+	return limit
+}
+
+// OpenFiles counts the process's open files from /proc/self/fd: limit when
+// even that cannot be opened for want of descriptors, and ok false when
+// there is no /proc.
+func OpenFiles(limit int) (n int, ok bool) {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			return limit, true
+		}
+		return 0, false
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	return len(names) - 1, true // not the directory itself
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"os"
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
@@ -84,29 +83,11 @@ func newFDBudget(limit, open, maxProcesses int) fdBudget {
 	return b
 }
 
-// rlimitNoFile returns the process's open-files limit.
-func rlimitNoFile() int {
-	var rl syscall.Rlimit
-	limit := 1 << 20
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(limit) {
-		limit = int(rl.Cur)
-	}
-	return limit
-}
-
-// openFiles counts the process's open files. When even that cannot open a
-// file, the process is at its limit.
+// openFiles counts the process's open files (httpapi.OpenFiles); without
+// /proc, 0: only the static caps hold.
 func openFiles(limit int) int {
-	d, err := os.Open("/proc/self/fd")
-	if err != nil {
-		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-			return limit
-		}
-		return 0 // no /proc: only the static caps hold
-	}
-	defer d.Close()
-	names, _ := d.Readdirnames(-1)
-	return len(names) - 1 // not the directory itself
+	n, _ := httpapi.OpenFiles(limit)
+	return n
 }
 
 // admission decides whether the worker takes new work (see above).

@@ -327,7 +327,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if maxProcs <= 0 {
 		maxProcs = 4 // the harness's default
 	}
-	budget := newFDBudget(rlimitNoFile(), openFiles(rlimitNoFile()), maxProcs)
+	budget := newFDBudget(httpapi.OpenFilesLimit(), openFiles(httpapi.OpenFilesLimit()), maxProcs)
 	var h *harness.Harness
 	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() }, c.SessionDir, c.MinFreeDisk)
 	log.Info("open-files budget", "budget", budget.String(), "min_free_disk_mib", c.MinFreeDisk>>20, "go_memory_limit_mib", limits.memLimit>>20)
