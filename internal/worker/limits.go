@@ -18,8 +18,9 @@ import (
 )
 
 // Exhaustion is a refusal, never a loss. At the open-files limit nothing
-// fails cleanly: a lease renewal that cannot open its file drops its
-// conversation and kills the agent, a state save half-way answers 500, a
+// fails cleanly: a replica-lease renewal that cannot open its file for
+// longer than the trust window drops every conversation of the worker and
+// kills their agents, a state save half-way answers 500, a
 // create is acknowledged without its event log, the outbox cannot read its
 // reports. So the worker spends its limit on purpose (fdBudget) and checks
 // at the door (admission), before anything of new work is done:
