@@ -33,6 +33,21 @@ Usage:
   talkide-controlplane add-user -id U [-grant tenant/env,...] [-token T]
                                             create or update a browser user with the given grants and print
                                             its bearer token (generated unless -token is given)
+  talkide-controlplane provision -tenant T -env E [-wait DURATION]
+                                            make (or repair) T/E's worker in Kubernetes (namespace T-E) and
+                                            print its status as JSON; waits until its objects exist, with
+                                            -wait also until it is ready
+  talkide-controlplane deprovision -tenant T -env E
+                                            remove T/E's worker (its namespace with everything in it) and
+                                            revoke its identity tokens
+  talkide-controlplane status -tenant T -env E
+                                            print T/E's worker status as the cluster shows it
+  talkide-controlplane rotate-identity -tenant T -env E
+                                            give T/E's worker a new identity token now (the old one stays
+                                            valid for TALKIDE_IDENTITY_ROTATION_GRACE)
+  talkide-controlplane clusterrole          print the ClusterRole the control plane needs to provision
+  (the four commands above use KUBECONFIG, else in-cluster credentials, with the same
+  TALKIDE_MASTER_KEYS and database settings as the server; docs/provisioning.md)
   talkide-controlplane help                 this text
 `
 
@@ -66,6 +81,10 @@ func command(ctx context.Context, args []string, out io.Writer, log *slog.Logger
 		return true, revokeIdentity(ctx, args[1:], out, log)
 	case "add-user":
 		return true, addUser(ctx, args[1:], out, log)
+	case "provision", "deprovision", "status", "rotate-identity":
+		return true, provisionCommand(ctx, args[0], args[1:], out, log)
+	case "clusterrole":
+		return true, printClusterRole(out)
 	}
 	return true, fmt.Errorf("unknown command %q (see: talkide-controlplane help)", args[0])
 }

@@ -59,6 +59,16 @@ func run(ctx context.Context, args []string) error {
 }
 
 func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
+	cfg, err := readConfig(log)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// readConfig reads the control plane's settings from the environment,
+// without defaults or cross-checks (Config.Validate).
+func readConfig(log *slog.Logger) (controlplane.Config, error) {
 	cfg := controlplane.Config{
 		Addr:              os.Getenv("TALKIDE_HTTP_ADDR"),
 		DBPath:            os.Getenv("TALKIDE_DB_PATH"),
@@ -119,7 +129,7 @@ func configFromEnv(log *slog.Logger) (controlplane.Config, error) {
 		}
 		*dst = te
 	}
-	return cfg, cfg.Validate()
+	return cfg, provisionFromEnv(&cfg)
 }
 
 func workerCredentials(ctx context.Context, args []string, out io.Writer, log *slog.Logger) error {

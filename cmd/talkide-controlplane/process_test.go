@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sse"
 )
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	kubetest.Main(m) // the provisioning commands' tests use the test cluster
 }
 
 // cpProcess is a control plane running as a child process.

@@ -73,11 +73,7 @@ func (p *spendParts) close() {
 // register mounts the gateway-proxy, GET /metrics and the budget admin API.
 func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) {
 	mux.Handle(contract.PathGatewayPrefix+"/", p.gateway)
-	a := &budgetAPI{svc: p.budget, log: log, period: cfg.BudgetPeriod}
-	if cfg.AdminToken != "" {
-		sum := sha256.Sum256([]byte(cfg.AdminToken))
-		a.tokenHash = sum[:]
-	}
+	a := &budgetAPI{svc: p.budget, log: log, period: cfg.BudgetPeriod, auth: adminAuth(cfg.AdminToken)}
 	// The metrics name tenants and their spend: they need the metrics (or
 	// the admin) token, from loopback too, where agents of the one-machine
 	// run are clients as well.
@@ -98,21 +94,30 @@ type budgetAPI struct {
 	log *slog.Logger
 	// period is the kind of budget period (cfg.BudgetPeriod).
 	period budget.PeriodKind
-	// tokenHash is the SHA-256 of TALKIDE_ADMIN_TOKEN; nil disables the API.
-	tokenHash []byte
+	auth   func(httpapi.HandlerFunc) httpapi.HandlerFunc
 }
 
-func (a *budgetAPI) auth(next httpapi.HandlerFunc) httpapi.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		if a.tokenHash == nil {
-			return httpapi.Forbidden("the admin API is disabled: set TALKIDE_ADMIN_TOKEN on the control plane", nil)
+// adminAuth guards an operator API with the admin token (Authorization:
+// Bearer <TALKIDE_ADMIN_TOKEN>): 403 when no token is configured, 401 for
+// a missing or wrong one.
+func adminAuth(adminToken string) func(httpapi.HandlerFunc) httpapi.HandlerFunc {
+	var tokenHash []byte
+	if adminToken != "" {
+		sum := sha256.Sum256([]byte(adminToken))
+		tokenHash = sum[:]
+	}
+	return func(next httpapi.HandlerFunc) httpapi.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) error {
+			if tokenHash == nil {
+				return httpapi.Forbidden("the admin API is disabled: set TALKIDE_ADMIN_TOKEN on the control plane", nil)
+			}
+			raw := httpapi.BearerToken(r)
+			sum := sha256.Sum256([]byte(raw))
+			if raw == "" || subtle.ConstantTimeCompare(sum[:], tokenHash) != 1 {
+				return httpapi.Unauthorized("missing or wrong admin token (Authorization: Bearer <TALKIDE_ADMIN_TOKEN>)", nil)
+			}
+			return next(w, r)
 		}
-		raw := httpapi.BearerToken(r)
-		sum := sha256.Sum256([]byte(raw))
-		if raw == "" || subtle.ConstantTimeCompare(sum[:], a.tokenHash) != 1 {
-			return httpapi.Unauthorized("missing or wrong admin token (Authorization: Bearer <TALKIDE_ADMIN_TOKEN>)", nil)
-		}
-		return next(w, r)
 	}
 }
 

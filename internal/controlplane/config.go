@@ -10,6 +10,7 @@ import (
 
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -93,7 +94,29 @@ type Config struct {
 	// calls still running then are cut. Default 20 s (keep it below the
 	// pod's terminationGracePeriodSeconds).
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// Provisioner turns worker provisioning on: "kubernetes" runs the
+	// K8sWorkerProvisioner (admin API /api/admin/workers, resync loop)
+	// [TALKIDE_PROVISIONER]. Default off.
+	Provisioner string
+	// Provision configures the provisioner (see provision.Config for each
+	// setting and its environment variable).
+	Provision provision.Config
+	// Kubeconfig is the cluster's kubeconfig file [KUBECONFIG]; empty: the
+	// pod's in-cluster credentials.
+	Kubeconfig string
+	Logger     *slog.Logger
+
+	// provisionerCommand: an operator command (status, deprovision) that
+	// needs no worker image.
+	provisionerCommand bool
+}
+
+// ForProvisionerCommand turns the provisioner on for an operator command
+// (provision, deprovision, status, rotate-identity) run outside the
+// serving control plane; TALKIDE_WORKER_IMAGE is then needed only to
+// provision.
+func (c *Config) ForProvisionerCommand() {
+	c.Provisioner, c.provisionerCommand = "kubernetes", true
 }
 
 // Validate applies defaults and checks c.
@@ -158,6 +181,20 @@ func (c *Config) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	switch c.Provisioner {
+	case "":
+	case "kubernetes":
+		c.Provision.WorkerURLTemplate = c.WorkerURLTemplate
+		c.Provision.Logger = c.Logger.With("component", "provisioner")
+		if c.Provision.Image == "" && !c.provisionerCommand {
+			errs = append(errs, errors.New("TALKIDE_WORKER_IMAGE: the worker image is required with TALKIDE_PROVISIONER=kubernetes"))
+		}
+		if err := c.Provision.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("TALKIDE_PROVISIONER %q: want kubernetes, or unset", c.Provisioner))
 	}
 	return errors.Join(errs...)
 }

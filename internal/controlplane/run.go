@@ -43,6 +43,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	s.mux.Handle("POST "+contract.PathMint, m)
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
+	s.registerWorkersAPI()
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
@@ -77,7 +78,16 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 			return err
 		}
 	}
-	s, _ := NewServer(cfg, db, spend)
+	s, m := NewServer(cfg, db, spend)
+	if cfg.Provisioner == "kubernetes" {
+		p, err := NewProvisioner(cfg, db, m)
+		if err != nil {
+			return err
+		}
+		s.prov.Store(p)
+		go p.Run(ctx)
+		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image, "resync", cfg.Provision.Resync)
+	}
 	var h http.Handler = s
 	if wrap != nil {
 		h = wrap(s)

@@ -20,6 +20,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/workerclient"
@@ -48,6 +49,8 @@ type Server struct {
 	// counts those open.
 	maxStreams int64
 	streams    atomic.Int64
+	// prov is the K8sWorkerProvisioner when provisioning is on.
+	prov atomic.Pointer[provision.K8sWorkerProvisioner]
 }
 
 // BeginShutdown turns the control plane unready and ends its browser

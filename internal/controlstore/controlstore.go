@@ -255,6 +255,9 @@ type IdentityToken struct {
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 	RevokedAt *time.Time
+	// RetireAt, when set, ends the token's grace after a rotation: it is
+	// revoked then.
+	RetireAt *time.Time
 }
 
 // RecordIdentityToken stores an issued identity token's id.

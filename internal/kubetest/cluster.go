@@ -45,6 +45,9 @@ type Cluster struct {
 	client     *kubernetes.Clientset
 	// procs in start order; Stop ends them in reverse.
 	procs []*proc
+	// stopBackground ends the goroutines of the cluster (the fake volume
+	// provisioner).
+	stopBackground context.CancelFunc
 
 	stopOnce sync.Once
 }
@@ -191,9 +194,14 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 	}); err != nil {
 		return err
 	}
-	return c.poll(ctx, "kube-scheduler /healthz", func(ctx context.Context) (bool, error) {
+	if err := c.poll(ctx, "kube-scheduler /healthz", func(ctx context.Context) (bool, error) {
 		return healthy(ctx, schedPort), nil
-	})
+	}); err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.stopBackground = cancel
+	return c.provisionVolumes(bg)
 }
 
 // writeFiles creates the certificates, the token signing key and a
@@ -479,6 +487,9 @@ func ignoreConflict(err error) error {
 // idempotent.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		if c.stopBackground != nil {
+			c.stopBackground()
+		}
 		var wg sync.WaitGroup
 		for _, p := range c.procs {
 			wg.Go(func() { p.stop(5 * time.Second) })

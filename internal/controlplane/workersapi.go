@@ -1,0 +1,139 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/provision"
+)
+
+// KubeClient returns a client of the cluster: from the kubeconfig file at
+// path when it is set, else the pod's in-cluster credentials.
+func KubeClient(path string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if path != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", path)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes credentials (KUBECONFIG %q, else in-cluster): %w", path, err)
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// NewProvisioner returns the K8sWorkerProvisioner cfg configures (cfg must
+// have passed Validate with Provisioner "kubernetes"), issuing identity
+// tokens through the mint m over db.
+func NewProvisioner(cfg Config, db *controlstore.DB, m *mint.Handler) (*provision.K8sWorkerProvisioner, error) {
+	kube, err := KubeClient(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return provision.New(cfg.Provision, kube, db, m, cfg.MasterKeys)
+}
+
+// registerWorkersAPI mounts the provisioning admin API
+// (docs/provisioning.md): PUT provisions, DELETE deprovisions, GET reads
+// the status of /api/admin/workers/{tenant}/{env}; POST
+// .../rotate-identity rotates the identity token; GET /api/admin/workers
+// lists every tenant-env with a record.
+func (s *Server) registerWorkersAPI() {
+	auth := adminAuth(s.cfg.AdminToken)
+	h := func(f func(p *provision.K8sWorkerProvisioner, ctx context.Context, tenant, env string) (provision.Status, error)) http.Handler {
+		return httpapi.Handle(s.log, auth(func(w http.ResponseWriter, r *http.Request) error {
+			p, err := s.provisioner()
+			if err != nil {
+				return err
+			}
+			tenant, env := r.PathValue("tenant"), r.PathValue("env")
+			if !provision.ValidName(tenant) || !provision.ValidName(env) {
+				return httpapi.BadRequest("tenant %q, env %q: want DNS labels of at most 30 characters ([a-z0-9-])", tenant, env)
+			}
+			st, err := f(p, r.Context(), tenant, env)
+			return s.writeProvisionResult(w, st, err)
+		}))
+	}
+	s.mux.Handle("PUT /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Provision))
+	s.mux.Handle("DELETE /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Deprovision))
+	s.mux.Handle("GET /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Status))
+	s.mux.Handle("POST /api/admin/workers/{tenant}/{env}/rotate-identity", h((*provision.K8sWorkerProvisioner).RotateIdentity))
+	s.mux.Handle("GET /api/admin/workers", httpapi.Handle(s.log, auth(func(w http.ResponseWriter, r *http.Request) error {
+		p, err := s.provisioner()
+		if err != nil {
+			return err
+		}
+		recs, err := s.db.WorkerRecords(r.Context())
+		if err != nil {
+			return err
+		}
+		out := []provision.Status{}
+		for _, rec := range recs {
+			st, err := p.Status(r.Context(), rec.Tenant, rec.Env)
+			if err != nil {
+				return provisionError(err)
+			}
+			out = append(out, st)
+		}
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
+		return nil
+	})))
+}
+
+func (s *Server) provisioner() (*provision.K8sWorkerProvisioner, error) {
+	if p := s.prov.Load(); p != nil {
+		return p, nil
+	}
+	return nil, httpapi.Errorf(http.StatusNotFound, contract.ErrTypeNotFound, "worker provisioning is off on this control plane: set TALKIDE_PROVISIONER=kubernetes")
+}
+
+// writeProvisionResult answers with the status: 200, or 202 when the
+// request is recorded and waits for the cluster (a namespace or claim
+// still being deleted; the resync goes on), or the error.
+func (s *Server) writeProvisionResult(w http.ResponseWriter, st provision.Status, err error) error {
+	var pe *provision.Error
+	if err != nil && errors.As(err, &pe) && (pe.Reason == provision.ReasonNamespaceTerminating || pe.Reason == provision.ReasonPVCTerminating) {
+		w.Header().Set("Retry-After", "30")
+		httpapi.WriteJSON(w, http.StatusAccepted, st)
+		return nil
+	}
+	if err != nil {
+		return provisionError(err)
+	}
+	status := http.StatusOK
+	if st.Phase == provision.PhaseDeprovisioning {
+		status = http.StatusAccepted
+	}
+	httpapi.WriteJSON(w, status, st)
+	return nil
+}
+
+// provisionError maps a provisioner error to the API's error shape.
+func provisionError(err error) error {
+	var pe *provision.Error
+	if !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Reason {
+	case provision.ReasonInvalid:
+		return httpapi.Wrap(http.StatusBadRequest, contract.ErrTypeInvalidRequest, pe.Message, err)
+	case provision.ReasonNamespaceConflict, provision.ReasonSuperseded:
+		return httpapi.Wrap(http.StatusConflict, contract.ErrTypeConflict, pe.Error(), err)
+	case provision.ReasonNotProvisioned:
+		return httpapi.Wrap(http.StatusNotFound, contract.ErrTypeNotFound, pe.Message, err)
+	case provision.ReasonAPIError:
+		return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the Kubernetes API refused or could not be reached: "+pe.Message, err)
+	}
+	return err
+}

@@ -1,0 +1,74 @@
+package provision
+
+import "fmt"
+
+// Labels on every object the provisioner makes.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "talkide-controlplane"
+	LabelPartOf    = "app.kubernetes.io/part-of"
+	PartOf         = "talkide"
+	LabelName      = "app.kubernetes.io/name"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelTenant    = "talkide.dev/tenant"
+	LabelEnv       = "talkide.dev/env"
+	// LabelInstallation names the control-plane installation (its
+	// database) that made an object: two installations sharing a cluster
+	// never adopt or remove each other's workers.
+	LabelInstallation = "talkide.dev/installation"
+)
+
+// Names of the worker's objects in its namespace.
+const (
+	WorkerName    = "talkide-worker"           // ServiceAccount, Role, RoleBinding, Deployment, Service, NetworkPolicy
+	SecretName    = "talkide-worker-token"     // identity token and request keys
+	PVCName       = "claude-sessions"          // the session volume
+	SecretKeyID   = "identity-token"           // key of the identity token in SecretName
+	SecretKeyReq  = "request-keys"             // key of the worker's request keys in SecretName
+	SessionMount  = "/data/claude"             // where PVCName is mounted
+	IdentityMount = "/var/run/secrets/talkide" // where SecretName's identity token is mounted
+	WorkerPort    = 8080
+)
+
+// Namespace is the namespace of a tenant-env's worker.
+func Namespace(tenant, env string) string { return tenant + "-" + env }
+
+// labels are the labels of a tenant-env's objects.
+func (c *Config) labels(tenant, env string) map[string]string {
+	return map[string]string{
+		LabelManagedBy: ManagedBy, LabelPartOf: PartOf, LabelName: WorkerName,
+		LabelTenant: tenant, LabelEnv: env, LabelInstallation: c.Installation,
+	}
+}
+
+// ownedBy reports whether labels l mark an object of this installation's
+// tenant-env.
+func (c *Config) ownedBy(l map[string]string, tenant, env string) bool {
+	return l[LabelManagedBy] == ManagedBy && l[LabelInstallation] == c.Installation && l[LabelTenant] == tenant && l[LabelEnv] == env
+}
+
+// selector is the label selector of the worker's pods.
+func podSelector(tenant, env string) map[string]string {
+	return map[string]string{LabelName: WorkerName, LabelTenant: tenant, LabelEnv: env}
+}
+
+// ValidName reports whether s may be a tenant or env name: a DNS label of
+// at most 30 characters, so that "{tenant}-{env}" is a namespace name.
+func ValidName(s string) bool {
+	if s == "" || len(s) > 30 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func checkNames(tenant, env string) error {
+	if !ValidName(tenant) || !ValidName(env) {
+		return &Error{Reason: ReasonInvalid, Message: fmt.Sprintf("tenant %q, env %q: want DNS labels of at most 30 characters ([a-z0-9-])", tenant, env)}
+	}
+	return nil
+}

@@ -1,0 +1,475 @@
+package provision
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// Store is what the provisioner keeps in the control-plane database.
+type Store interface {
+	SetWorkerDesired(ctx context.Context, tenant, env, desired string, at time.Time) (int64, error)
+	WorkerRecord(ctx context.Context, tenant, env string) (controlstore.WorkerRecord, error)
+	WorkerRecords(ctx context.Context) ([]controlstore.WorkerRecord, error)
+	SetWorkerError(ctx context.Context, tenant, env string, gen int64, msg string) error
+	DeleteWorkerRecord(ctx context.Context, tenant, env string, gen int64) error
+	IdentityTokenByID(ctx context.Context, jti string) (controlstore.IdentityToken, error)
+	LiveIdentityTokens(ctx context.Context, tenant, env string) ([]controlstore.IdentityToken, error)
+	RetireIdentityToken(ctx context.Context, jti string, at time.Time) error
+	RevokeIdentityToken(ctx context.Context, jti string, at time.Time) error
+}
+
+var _ Store = (*controlstore.DB)(nil)
+
+// Issuer signs and records identity tokens (mint.Handler).
+type Issuer interface {
+	IssueIdentity(ctx context.Context, tenant, env string, ttl time.Duration) (string, error)
+}
+
+// K8sWorkerProvisioner makes, keeps and removes tenant-envs' workers in a
+// Kubernetes cluster. Safe for concurrent use, and for several control
+// planes sharing one database and cluster: every step is idempotent, and a
+// reconcile that a later provision or deprovision overtook stops.
+type K8sWorkerProvisioner struct {
+	cfg         Config
+	kube        kubernetes.Interface
+	store       Store
+	issuer      Issuer
+	identity    *token.Verifier
+	requestKeys func(tenant, env string) string
+	now         func() time.Time
+
+	mu    sync.Mutex
+	locks map[string]*keyLock
+
+	// orphanAge: see identity.go. afterStep, when set (tests, through
+	// export_test.go), runs after each step of a reconcile ("namespace",
+	// "rbac", "identity-issued", "secret", "pvc", "network", "deployment");
+	// an error from it ends the reconcile as a crash would.
+	orphanAge time.Duration
+	afterStep func(ctx context.Context, tenant, env, step string) error
+}
+
+// keyLock serializes the work on one tenant-env in this process; cancel
+// stops a provision in flight when a deprovision comes.
+type keyLock struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+// New returns a provisioner over the cluster kube and the database store.
+// masters are the control plane's master keys (the first signs): the
+// provisioner verifies identity tokens with them and derives each worker's
+// request keys. cfg is validated here.
+func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, masters []token.MasterKey) (*K8sWorkerProvisioner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(masters) == 0 {
+		return nil, errors.New("provision: no master key")
+	}
+	var idKeys []token.Key
+	for _, m := range masters {
+		idKeys = append(idKeys, m.Derive(token.PurposeIdentity, "", ""))
+	}
+	return &K8sWorkerProvisioner{
+		cfg: cfg, kube: kube, store: store, issuer: issuer,
+		identity: token.NewVerifier(token.PurposeIdentity, idKeys...),
+		requestKeys: func(tenant, env string) string {
+			var ks []string
+			for _, m := range masters {
+				ks = append(ks, token.FormatKey(m.Derive(token.PurposeWorkerRequest, tenant, env)))
+			}
+			return strings.Join(ks, ",")
+		},
+		now:       time.Now,
+		locks:     map[string]*keyLock{},
+		orphanAge: time.Minute,
+	}, nil
+}
+
+// Config returns the provisioner's validated configuration.
+func (p *K8sWorkerProvisioner) Config() Config { return p.cfg }
+
+func (p *K8sWorkerProvisioner) keyLock(tenant, env string) *keyLock {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := tenant + "/" + env
+	l := p.locks[k]
+	if l == nil {
+		l = &keyLock{}
+		p.locks[k] = l
+	}
+	return l
+}
+
+// Provision records that the tenant-env's worker should exist and
+// reconciles its objects. It returns once every object exists (the
+// Deployment need not be available yet) with the status the cluster then
+// shows. Errors are *Error: NamespaceConflict (the namespace exists and is
+// not this tenant-env's: never adopted), NamespaceTerminating or
+// PVCTerminating (a previous deprovision is still being finished after
+// Config.TerminatingWait; the resync retries), Superseded (a deprovision
+// came meanwhile), APIError.
+func (p *K8sWorkerProvisioner) Provision(ctx context.Context, tenant, env string) (Status, error) {
+	if err := checkNames(tenant, env); err != nil {
+		return Status{}, err
+	}
+	if p.cfg.Image == "" {
+		return Status{}, &Error{Reason: ReasonInvalid, Message: "set TALKIDE_WORKER_IMAGE: the worker image is required to provision"}
+	}
+	gen, err := p.store.SetWorkerDesired(ctx, tenant, env, controlstore.WorkerPresent, p.now())
+	if err != nil {
+		return Status{}, err
+	}
+	err = p.reconcile(ctx, tenant, env, gen, false)
+	st, serr := p.Status(ctx, tenant, env)
+	if err != nil {
+		return st, err
+	}
+	return st, serr
+}
+
+// RotateIdentity replaces the tenant-env's identity token now, as the
+// resync does when it nears expiry: the new token is written to the
+// Secret, the old one stays valid for Config.Grace, then is revoked.
+func (p *K8sWorkerProvisioner) RotateIdentity(ctx context.Context, tenant, env string) (Status, error) {
+	if err := checkNames(tenant, env); err != nil {
+		return Status{}, err
+	}
+	rec, err := p.store.WorkerRecord(ctx, tenant, env)
+	if errors.Is(err, controlstore.ErrNotFound) || (err == nil && rec.Desired != controlstore.WorkerPresent) {
+		return Status{}, &Error{Reason: ReasonNotProvisioned, Message: fmt.Sprintf("%s/%s is not provisioned", tenant, env)}
+	}
+	if err != nil {
+		return Status{}, err
+	}
+	if err := p.reconcile(ctx, tenant, env, rec.Generation, true); err != nil {
+		st, _ := p.Status(ctx, tenant, env)
+		return st, err
+	}
+	return p.Status(ctx, tenant, env)
+}
+
+// reconcile applies every object of generation gen. forceRotate replaces
+// the identity token even when it is far from expiry.
+func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, forceRotate bool) error {
+	l := p.keyLock(tenant, env)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.mu.Lock()
+	l.cancel = cancel
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		l.cancel = nil
+		p.mu.Unlock()
+	}()
+	err := p.apply(ctx, tenant, env, gen, forceRotate)
+	if err != nil && ctx.Err() != nil {
+		// Cancelled by a deprovision (or the caller): say why.
+		if cur, rerr := p.current(context.WithoutCancel(ctx), tenant, env, gen); rerr == nil && !cur {
+			err = &Error{Reason: ReasonSuperseded, Message: "a deprovision of " + tenant + "/" + env + " came while it was being provisioned", Err: err}
+		}
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+		var pe *Error
+		if !errors.As(err, &pe) || pe.Reason != ReasonSuperseded {
+			p.cfg.Logger.Warn("worker reconcile failed", "tenant", tenant, "env", env, "generation", gen, "err", err)
+		}
+	}
+	if serr := p.store.SetWorkerError(context.WithoutCancel(ctx), tenant, env, gen, msg); serr != nil && !errors.Is(serr, controlstore.ErrNotFound) {
+		p.cfg.Logger.Warn("record worker reconcile outcome", "tenant", tenant, "env", env, "err", serr)
+	}
+	return err
+}
+
+// current reports whether generation gen is still the tenant-env's
+// desired "present".
+func (p *K8sWorkerProvisioner) current(ctx context.Context, tenant, env string, gen int64) (bool, error) {
+	rec, err := p.store.WorkerRecord(ctx, tenant, env)
+	if errors.Is(err, controlstore.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return rec.Desired == controlstore.WorkerPresent && rec.Generation == gen, nil
+}
+
+func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, forceRotate bool) error {
+	ns := Namespace(tenant, env)
+	stillCurrent := func() error {
+		ok, err := p.current(ctx, tenant, env, gen)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return &Error{Reason: ReasonSuperseded, Message: fmt.Sprintf("a later provision or deprovision of %s/%s took over", tenant, env)}
+		}
+		return nil
+	}
+	if err := p.waitNamespace(ctx, tenant, env); err != nil {
+		return err
+	}
+	if err := stillCurrent(); err != nil {
+		return err
+	}
+	if err := p.applyObject(ctx, namespaceObject(&p.cfg, tenant, env)); err != nil {
+		return err
+	}
+	if err := p.step(ctx, tenant, env, "namespace"); err != nil {
+		return err
+	}
+	// A deprovision may have deleted the namespace between the check and
+	// the apply (another control plane): then the namespace just made is
+	// the resync's to remove, and this provision stops.
+	if err := stillCurrent(); err != nil {
+		return err
+	}
+	for _, obj := range []any{serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
+		if err := p.applyObject(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if err := p.step(ctx, tenant, env, "rbac"); err != nil {
+		return err
+	}
+	secretHash, err := p.ensureSecret(ctx, tenant, env, forceRotate)
+	if err != nil {
+		return err
+	}
+	if err := p.step(ctx, tenant, env, "secret"); err != nil {
+		return err
+	}
+	if err := p.ensurePVC(ctx, tenant, env); err != nil {
+		return err
+	}
+	if err := p.step(ctx, tenant, env, "pvc"); err != nil {
+		return err
+	}
+	apiServer, err := p.apiServerCIDRs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, obj := range []any{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer)} {
+		if err := p.applyObject(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if err := p.step(ctx, tenant, env, "network"); err != nil {
+		return err
+	}
+	if err := stillCurrent(); err != nil {
+		return err
+	}
+	if err := p.applyObject(ctx, deploymentObject(&p.cfg, tenant, env, secretHash)); err != nil {
+		return err
+	}
+	if err := p.step(ctx, tenant, env, "deployment"); err != nil {
+		return err
+	}
+	p.cfg.Logger.Debug("worker objects applied", "namespace", ns, "generation", gen)
+	return nil
+}
+
+// applyObject server-side applies one desired object.
+func (p *K8sWorkerProvisioner) applyObject(ctx context.Context, obj any) error {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}
+	var kind, name string
+	switch o := obj.(type) {
+	case *corev1.Namespace:
+		kind, name = "Namespace", o.Name
+		_, err = p.kube.CoreV1().Namespaces().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *corev1.ServiceAccount:
+		kind, name = "ServiceAccount", o.Name
+		_, err = p.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *corev1.Service:
+		kind, name = "Service", o.Name
+		_, err = p.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *rbacv1.Role:
+		kind, name = "Role", o.Name
+		_, err = p.kube.RbacV1().Roles(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *rbacv1.RoleBinding:
+		kind, name = "RoleBinding", o.Name
+		_, err = p.kube.RbacV1().RoleBindings(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *networkingv1.NetworkPolicy:
+		kind, name = "NetworkPolicy", o.Name
+		_, err = p.kube.NetworkingV1().NetworkPolicies(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *appsv1.Deployment:
+		kind, name = "Deployment", o.Name
+		_, err = p.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	default:
+		return fmt.Errorf("provision: cannot apply %T", obj)
+	}
+	if err != nil {
+		return apiError("apply "+kind+" "+name, err)
+	}
+	return nil
+}
+
+// apiError wraps a Kubernetes API error as an *Error; a namespace being
+// terminated becomes NamespaceTerminating.
+func apiError(what string, err error) error {
+	if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		return &Error{Reason: ReasonNamespaceTerminating, Message: what + ": the namespace is being deleted", Err: err}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return &Error{Reason: ReasonAPIError, Message: what + ": " + err.Error(), Err: err}
+}
+
+// waitNamespace checks the tenant-env's namespace: absent or this
+// tenant-env's is fine; one being deleted is waited for, at most
+// Config.TerminatingWait; anyone else's is a conflict.
+func (p *K8sWorkerProvisioner) waitNamespace(ctx context.Context, tenant, env string) error {
+	name := Namespace(tenant, env)
+	deadline := p.now().Add(p.cfg.TerminatingWait)
+	for {
+		ns, err := p.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return apiError("read namespace "+name, err)
+		}
+		if !p.cfg.ownedBy(ns.Labels, tenant, env) {
+			return &Error{Reason: ReasonNamespaceConflict, Message: fmt.Sprintf("namespace %s exists and was not made by this control plane for %s/%s (labels %s=%q %s=%q %s=%q); it is left alone",
+				name, tenant, env, LabelManagedBy, ns.Labels[LabelManagedBy], LabelTenant, ns.Labels[LabelTenant], LabelEnv, ns.Labels[LabelEnv])}
+		}
+		if ns.DeletionTimestamp == nil {
+			return nil
+		}
+		if !p.now().Before(deadline) {
+			return &Error{Reason: ReasonNamespaceTerminating, Message: terminatingMessage(ns, p.now()) + "; provisioning is retried every " + p.cfg.Resync.String()}
+		}
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// terminatingMessage says how long ns has been terminating and what holds
+// it, from the namespace controller's conditions.
+func terminatingMessage(ns *corev1.Namespace, now time.Time) string {
+	msg := fmt.Sprintf("namespace %s has been terminating for %s", ns.Name, now.Sub(ns.DeletionTimestamp.Time).Round(time.Second))
+	for _, c := range ns.Status.Conditions {
+		if c.Status == corev1.ConditionTrue && c.Message != "" {
+			msg += "; " + c.Message
+		}
+	}
+	return msg
+}
+
+// ensurePVC creates the session volume's claim if it does not exist. A
+// claim still being deleted (a previous deprovision's) is waited for at
+// most Config.TerminatingWait: a new worker must not start on the old
+// volume while it goes, nor fail later because it went.
+func (p *K8sWorkerProvisioner) ensurePVC(ctx context.Context, tenant, env string) error {
+	ns := Namespace(tenant, env)
+	deadline := p.now().Add(p.cfg.TerminatingWait)
+	for {
+		pvc, err := p.kube.CoreV1().PersistentVolumeClaims(ns).Get(ctx, PVCName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = p.kube.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvcObject(&p.cfg, tenant, env), metav1.CreateOptions{FieldManager: FieldManager})
+			if apierrors.IsAlreadyExists(err) {
+				continue
+			}
+			if err != nil {
+				return apiError("create PersistentVolumeClaim "+PVCName, err)
+			}
+			return nil
+		}
+		if err != nil {
+			return apiError("read PersistentVolumeClaim "+PVCName, err)
+		}
+		if pvc.DeletionTimestamp == nil {
+			return nil
+		}
+		if !p.now().Before(deadline) {
+			return &Error{Reason: ReasonPVCTerminating, Message: fmt.Sprintf("PersistentVolumeClaim %s/%s from before is still being deleted (for %s; finalizers %v); the new worker waits for it to go; provisioning is retried every %s",
+				ns, PVCName, p.now().Sub(pvc.DeletionTimestamp.Time).Round(time.Second), pvc.Finalizers, p.cfg.Resync)}
+		}
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// apiServerCIDRs are the API server's addresses for the NetworkPolicy:
+// configured, else from Endpoints default/kubernetes.
+func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, error) {
+	if len(p.cfg.APIServerCIDRs) > 0 {
+		return p.cfg.APIServerCIDRs, nil
+	}
+	ep, err := p.kube.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		p.cfg.Logger.Warn("Endpoints default/kubernetes not found: the workers' NetworkPolicy lets them reach no API server (set TALKIDE_WORKER_APISERVER_CIDRS)")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, apiError("read Endpoints default/kubernetes", err)
+	}
+	var out []string
+	for _, s := range ep.Subsets {
+		for _, a := range s.Addresses {
+			if strings.Contains(a.IP, ":") {
+				out = append(out, a.IP+"/128")
+			} else {
+				out = append(out, a.IP+"/32")
+			}
+		}
+	}
+	return out, nil
+}
+
+func (p *K8sWorkerProvisioner) step(ctx context.Context, tenant, env, name string) error {
+	if p.afterStep == nil {
+		return nil
+	}
+	return p.afterStep(ctx, tenant, env, name)
+}
+
+func hash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:8])
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

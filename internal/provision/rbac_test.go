@@ -1,0 +1,180 @@
+package provision_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/talkide/talkide/internal/provision"
+)
+
+// The control plane provisions, rotates and deprovisions with exactly the
+// ClusterRole, and without one of its rules it cannot.
+func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	cpNS := r.cluster.Namespace(t)
+	kube := r.serviceAccountWith(t, cpNS, "cp", provision.ClusterRole().Rules)
+	p := r.another(kube)
+	tn := r.tenant()
+	if _, err := p.Provision(ctx, tn, "dev"); err != nil {
+		t.Fatalf("provision as the control plane's ServiceAccount: %v", err)
+	}
+	st := r.waitPhase(tn, "dev", provision.PhaseReady)
+	if st2, err := p.Status(ctx, tn, "dev"); err != nil || st2.Phase != st.Phase {
+		t.Fatalf("status as the ServiceAccount: %+v %v", st2, err)
+	}
+	if _, err := p.RotateIdentity(ctx, tn, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Deprovision(ctx, tn, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	r.namespaceGone(tn + "-dev")
+
+	// Without the worker's own rights it cannot grant them in a Role.
+	var less []rbacv1.PolicyRule
+	for _, rule := range provision.ClusterRole().Rules {
+		if rule.APIGroups[0] != "batch" {
+			less = append(less, rule)
+		}
+	}
+	p2 := r.another(r.serviceAccountWith(t, cpNS, "cp-less", less))
+	var pe *provision.Error
+	if _, err := p2.Provision(ctx, r.tenant(), "dev"); !errors.As(err, &pe) || !apierrors.IsForbidden(pe.Err) {
+		t.Fatalf("provision without the Jobs rule: %v, want Forbidden", err)
+	}
+}
+
+// serviceAccountWith makes ServiceAccount ns/name bound cluster-wide to a
+// ClusterRole with rules, and returns a client acting as it.
+func (r *rig) serviceAccountWith(t *testing.T, ns, name string, rules []rbacv1.PolicyRule) kubernetes.Interface {
+	t.Helper()
+	ctx := context.Background()
+	admin := r.kube
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crName := ns + "-" + name
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: crName}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: crName},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: crName},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), crName, metav1.DeleteOptions{})
+		admin.RbacV1().ClusterRoles().Delete(context.Background(), crName, metav1.DeleteOptions{})
+	})
+	tok, err := r.cluster.Token(ctx, ns, name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(r.cluster.TokenConfig(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// The worker's ServiceAccount, as its pod would use it, can run and watch
+// Jobs, read pods and their logs and hold Leases in its namespace, and is
+// Forbidden everywhere else, its own Secret included.
+func TestWorkerServiceAccountRights(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	tn := r.tenant()
+	for _, env := range []string{"dev", "prod"} {
+		if _, err := r.p.Provision(ctx, tn, env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns, other := tn+"-dev", tn+"-prod"
+	tok, err := r.cluster.Token(ctx, ns, provision.WorkerName, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kubernetes.NewForConfig(r.cluster.TokenConfig(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "build-1"},
+		Spec: batchv1.JobSpec{BackoffLimit: ptr.To[int32](0), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers:    []corev1.Container{{Name: "build", Image: "example.invalid/gradle:test"}},
+		}}},
+	}
+	watch, err := w.BatchV1().Jobs(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("watch jobs: %v", err)
+	}
+	defer watch.Stop()
+	if _, err := w.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create job: %v", err)
+	}
+	r.waitFor("the Job to succeed (seen by the watch)", 60*time.Second, func() (bool, error) {
+		select {
+		case ev := <-watch.ResultChan():
+			j, ok := ev.Object.(*batchv1.Job)
+			return ok && j.Status.Succeeded == 1, nil
+		case <-time.After(time.Second):
+			return false, nil
+		}
+	})
+	pods, err := w.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "job-name=build-1"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("list pods: %v %v", pods, err)
+	}
+	if _, err := w.CoreV1().Pods(ns).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx); err != nil {
+		t.Fatalf("read pod log: %v", err)
+	}
+	if err := w.BatchV1().Jobs(ns).Delete(ctx, "build-1", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		t.Fatalf("delete job: %v", err)
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "talkide-replica-x"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("w1")}}
+	got, err := w.CoordinationV1().Leases(ns).Create(ctx, l, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create lease: %v", err)
+	}
+	got.Spec.HolderIdentity = ptr.To("w2")
+	if _, err := w.CoordinationV1().Leases(ns).Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("renew lease: %v", err)
+	}
+	if err := w.CoordinationV1().Leases(ns).Delete(ctx, "talkide-replica-x", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete lease: %v", err)
+	}
+
+	forbidden := map[string]error{}
+	_, forbidden["jobs in another tenant-env"] = w.BatchV1().Jobs(other).List(ctx, metav1.ListOptions{})
+	_, forbidden["create job in another tenant-env"] = w.BatchV1().Jobs(other).Create(ctx, job, metav1.CreateOptions{})
+	_, forbidden["pods in another tenant-env"] = w.CoreV1().Pods(other).List(ctx, metav1.ListOptions{})
+	_, forbidden["leases in another tenant-env"] = w.CoordinationV1().Leases(other).Get(ctx, "x", metav1.GetOptions{})
+	_, forbidden["jobs cluster-wide"] = w.BatchV1().Jobs("").List(ctx, metav1.ListOptions{})
+	_, forbidden["namespaces"] = w.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	_, forbidden["nodes"] = w.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	_, forbidden["its own Secret"] = w.CoreV1().Secrets(ns).Get(ctx, provision.SecretName, metav1.GetOptions{})
+	_, forbidden["secrets of another tenant-env"] = w.CoreV1().Secrets(other).Get(ctx, provision.SecretName, metav1.GetOptions{})
+	_, forbidden["its own Role"] = w.RbacV1().Roles(ns).Update(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: provision.WorkerName}}, metav1.UpdateOptions{})
+	_, forbidden["create pods"] = w.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: job.Spec.Template.Spec}, metav1.CreateOptions{})
+	for what, err := range forbidden {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: %v, want Forbidden", what, err)
+		}
+	}
+}
