@@ -39,6 +39,8 @@ func TestConformance(t *testing.T) {
 		"RoundTrip":        testRoundTrip,
 		"MigrateTwice":     testMigrateTwice,
 		"DialectRoundTrip": testDialectTypes,
+		"WorkerRecords":    testWorkerRecords,
+		"IdentityRetiring": testIdentityRetiring,
 	}
 	for store, open := range openers {
 		t.Run(store, func(t *testing.T) {

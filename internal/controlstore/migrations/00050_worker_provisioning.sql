@@ -16,9 +16,7 @@ CREATE TABLE workers (
 -- An identity token replaced by rotation stays valid until retire_at (the
 -- grace period), then is revoked.
 ALTER TABLE identity_tokens ADD COLUMN retire_at BIGINT;
-CREATE INDEX identity_tokens_tenant_env ON identity_tokens (tenant, env);
 
 -- +goose Down
-DROP INDEX identity_tokens_tenant_env;
 ALTER TABLE identity_tokens DROP COLUMN retire_at;
 DROP TABLE workers;
