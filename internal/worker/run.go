@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,10 +43,17 @@ type Config struct {
 	// [TALKIDE_WORKER_REQUEST_KEYS, "kid:base64url,..."]. Required.
 	RequestKeys []token.Key
 	// GatewayBaseURL is the control plane [TALKIDE_GATEWAY_BASE_URL]; with
-	// IdentityToken [TALKIDE_WORKER_IDENTITY_TOKEN] model calls go through
-	// MintingGatewayProxy. Required unless NoOpUpstream is set.
+	// the identity token model calls go through MintingGatewayProxy.
+	// Required unless NoOpUpstream is set.
 	GatewayBaseURL *url.URL
-	IdentityToken  string
+	// IdentityToken is the identity token [TALKIDE_WORKER_IDENTITY_TOKEN];
+	// IdentityTokenFile a file holding it
+	// [TALKIDE_WORKER_IDENTITY_TOKEN_FILE], e.g. the Secret
+	// talkide-worker-token mounted as a volume: a token written there later
+	// is taken without a restart (gatewayproxy.Identity). Exactly one is
+	// required unless NoOpUpstream is set.
+	IdentityToken     string
+	IdentityTokenFile string
 	// NoOpUpstream and NoOpAPIKey select NoOpGatewayProxy (development only:
 	// straight to an Anthropic-compatible upstream with a local key)
 	// [TALKIDE_NOOP_UPSTREAM_URL, ANTHROPIC_API_KEY].
@@ -166,11 +171,13 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("set TALKIDE_WORKER_REQUEST_KEYS (the control plane prints them: talkide-controlplane worker-credentials)"))
 	}
 	switch {
+	case c.IdentityToken != "" && c.IdentityTokenFile != "":
+		errs = append(errs, errors.New("set TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE, not both"))
 	case c.NoOpUpstream != nil:
-	case c.GatewayBaseURL == nil || c.IdentityToken == "":
-		errs = append(errs, errors.New("set TALKIDE_GATEWAY_BASE_URL and TALKIDE_WORKER_IDENTITY_TOKEN (or, for development only, TALKIDE_NOOP_UPSTREAM_URL)"))
-	default:
-		if err := checkIdentityToken(c.IdentityToken, c.Tenant, c.Env); err != nil {
+	case c.GatewayBaseURL == nil || (c.IdentityToken == "" && c.IdentityTokenFile == ""):
+		errs = append(errs, errors.New("set TALKIDE_GATEWAY_BASE_URL and TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE (or, for development only, TALKIDE_NOOP_UPSTREAM_URL)"))
+	case c.Tenant != "" && c.Env != "":
+		if _, err := c.newIdentity(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -227,31 +234,18 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkIdentityToken reads the (unverified: the worker has no key) claims of
-// the identity token to fail fast when it names another tenant-env.
-func checkIdentityToken(tok, tenant, env string) error {
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
+// newIdentity reads the identity token (IdentityToken or
+// IdentityTokenFile) and checks that it is an unexpired identity token of
+// this worker's tenant-env; the file is read again whenever it changes.
+func (c *Config) newIdentity() (*gatewayproxy.Identity, error) {
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
 	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
-	}
-	var c token.Claims
-	if err := json.Unmarshal(payload, &c); err != nil {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
-	}
-	if c.Purpose != token.PurposeIdentity {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN is a %q token, want an identity token", c.Purpose)
-	}
-	if c.Tenant != tenant || c.Env != env {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN is bound to %s/%s, but this worker serves %s/%s", c.Tenant, c.Env, tenant, env)
-	}
-	if c.ExpiresAt != nil && time.Now().After(c.ExpiresAt.Time) {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
-	}
-	return nil
+	return gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{
+		Token: c.IdentityToken, File: c.IdentityTokenFile, Tenant: c.Tenant, Env: c.Env,
+		Logger: log.With("tenant", c.Tenant, "env", c.Env, "component", "identity"),
+	})
 }
 
 // Run runs the worker until ctx ends: it checks the CLI version, opens the
@@ -263,17 +257,25 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
 		return err
 	}
+	var mc *gatewayproxy.MintClient // nil without a control plane
+	if c.NoOpUpstream == nil {
+		id, err := c.newIdentity()
+		if err != nil {
+			return err
+		}
+		mc = &gatewayproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
+	}
 	store, err := sessionstore.Open(filepath.Join(c.SessionDir, "talkide"))
 	if err != nil {
 		return err
 	}
 	store.KeepEvents = c.KeepEvents
 	var gp gatewayproxy.GatewayProxy
-	if c.NoOpUpstream != nil {
+	if mc == nil {
 		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
 		gp = &gatewayproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}
 	} else {
-		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}}
+		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}
 	}
 	if ln == nil {
 		ln, err = net.Listen("tcp", c.Addr)
@@ -288,7 +290,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rep, err := newReporting(c, store, log, reg)
+	rep, err := newReporting(c, mc, store, log, reg)
 	if err != nil {
 		localLn.Close()
 		return err
