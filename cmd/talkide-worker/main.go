@@ -1,6 +1,11 @@
 // Command talkide-worker runs the per-tenant worker: the Claude Code
 // sessions of one tenant-env, behind a signed HTTP API for the control plane.
 // Configuration comes from the environment; see worker.Config and the README.
+//
+// Exit status: 0 after SIGTERM or SIGINT; 78 (contract.ExitConfig) for an
+// invalid configuration; 77 (worker.ExitIdentity) when the identity token
+// was revoked, expired or refused and no new one appeared within
+// TALKIDE_IDENTITY_FAILURE_GRACE; 1 for any other failure.
 package main
 
 import (
@@ -29,6 +34,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "talkide-worker:", err)
 		if errors.As(err, new(*contract.ConfigError)) {
 			os.Exit(contract.ExitConfig)
+		}
+		if errors.As(err, new(*worker.IdentityError)) {
+			os.Exit(worker.ExitIdentity)
 		}
 		os.Exit(1)
 	}
@@ -104,7 +112,8 @@ func configFromEnv() (worker.Config, error) {
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
-	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout} {
+	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout,
+		"TALKIDE_IDENTITY_FAILURE_GRACE": &cfg.IdentityFailureGrace} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {

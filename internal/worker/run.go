@@ -54,6 +54,11 @@ type Config struct {
 	// required unless NoOpUpstream is set.
 	IdentityToken     string
 	IdentityTokenFile string
+	// IdentityFailureGrace is how long a worker whose identity token was
+	// revoked, expired or refused stays up, unready, waiting for a new
+	// token in IdentityTokenFile, before Run returns an *IdentityError
+	// [TALKIDE_IDENTITY_FAILURE_GRACE]. Default 60 s.
+	IdentityFailureGrace time.Duration
 	// NoOpUpstream and NoOpAPIKey select NoOpGatewayProxy (development only:
 	// straight to an Anthropic-compatible upstream with a local key)
 	// [TALKIDE_NOOP_UPSTREAM_URL, ANTHROPIC_API_KEY].
@@ -181,6 +186,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	if c.IdentityFailureGrace <= 0 {
+		c.IdentityFailureGrace = 60 * time.Second
+	}
 	if c.Addr == "" {
 		c.Addr = ":8080"
 	}
@@ -251,7 +259,10 @@ func (c *Config) newIdentity() (*gatewayproxy.Identity, error) {
 // Run runs the worker until ctx ends: it checks the CLI version, opens the
 // SessionStore, starts the LocalGatewayProxyServer, the harness and the API
 // server (on ln when non-nil, else on c.Addr), and on shutdown stops the CLI
-// processes and waits for everything. c must have passed Validate.
+// processes and waits for everything. c must have passed Validate. When the
+// identity token can no longer mint and no successor appears within
+// c.IdentityFailureGrace, it shuts down the same way and returns an
+// *IdentityError.
 func Run(ctx context.Context, c Config, ln net.Listener) error {
 	log := c.Logger.With("tenant", c.Tenant, "env", c.Env)
 	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
@@ -402,9 +413,14 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	defer stopHarness()
 	srv := httpapi.NewServer(serveCtx, ln.Addr().String(), api, log)
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	harnessDone := make(chan struct{})
 	wg.Go(func() { errc <- local.Serve(serveCtx, localLn) })
+	if mc != nil {
+		wg.Go(func() {
+			errc <- watchIdentity(serveCtx, mc.Identity, c.IdentityFailureGrace, api, log.With("component", "identity"))
+		})
+	}
 	wg.Go(func() { defer close(harnessDone); errc <- h.Run(hctx) })
 	stopReporting := rep.start(serveCtx, h)
 	if n, err := h.Recover(); err != nil {
