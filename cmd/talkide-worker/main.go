@@ -1,6 +1,11 @@
 // Command talkide-worker runs the per-tenant worker: the Claude Code
 // sessions of one tenant-env, behind a signed HTTP API for the control plane.
 // Configuration comes from the environment; see worker.Config and the README.
+//
+// Exit status: 0 after SIGTERM or SIGINT; 78 (contract.ExitConfig) for an
+// invalid configuration; 77 (worker.ExitIdentity) when the identity token
+// was revoked, expired or refused and no new one appeared within
+// TALKIDE_IDENTITY_FAILURE_GRACE; 1 for any other failure.
 package main
 
 import (
@@ -30,6 +35,9 @@ func main() {
 		if errors.As(err, new(*contract.ConfigError)) {
 			os.Exit(contract.ExitConfig)
 		}
+		if errors.As(err, new(*worker.IdentityError)) {
+			os.Exit(worker.ExitIdentity)
+		}
 		os.Exit(1)
 	}
 }
@@ -49,25 +57,26 @@ func run(ctx context.Context) error {
 
 func configFromEnv() (worker.Config, error) {
 	cfg := worker.Config{
-		Tenant:           os.Getenv("TALKIDE_TENANT"),
-		Env:              os.Getenv("TALKIDE_ENV"),
-		Addr:             os.Getenv("TALKIDE_WORKER_ADDR"),
-		IdentityToken:    os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN"),
-		SessionDir:       os.Getenv("TALKIDE_SESSION_DIR"),
-		ClaudeConfigDir:  os.Getenv("CLAUDE_CONFIG_DIR"),
-		ClaudeBin:        os.Getenv("TALKIDE_CLAUDE_BIN"),
-		Model:            os.Getenv("TALKIDE_MODEL"),
-		PermissionMode:   os.Getenv("TALKIDE_PERMISSION_MODE"),
-		WorkerID:         os.Getenv("TALKIDE_WORKER_ID"),
-		AdvertiseURL:     os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
-		LeaseBackend:     os.Getenv("TALKIDE_LEASE_BACKEND"),
-		CLITmpDir:        os.Getenv("TALKIDE_CLI_TMP_DIR"),
-		AgentUser:        os.Getenv("TALKIDE_AGENT_USER"),
-		PermissionPolicy: os.Getenv("TALKIDE_PERMISSION_POLICY"),
-		HostUIDDir:       os.Getenv("TALKIDE_HOST_UID_DIR"),
-		MetricsToken:     os.Getenv("TALKIDE_METRICS_TOKEN"),
-		CLIExtraEnv:      worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
-		Logger:           slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		Tenant:            os.Getenv("TALKIDE_TENANT"),
+		Env:               os.Getenv("TALKIDE_ENV"),
+		Addr:              os.Getenv("TALKIDE_WORKER_ADDR"),
+		IdentityToken:     os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN"),
+		IdentityTokenFile: os.Getenv("TALKIDE_WORKER_IDENTITY_TOKEN_FILE"),
+		SessionDir:        os.Getenv("TALKIDE_SESSION_DIR"),
+		ClaudeConfigDir:   os.Getenv("CLAUDE_CONFIG_DIR"),
+		ClaudeBin:         os.Getenv("TALKIDE_CLAUDE_BIN"),
+		Model:             os.Getenv("TALKIDE_MODEL"),
+		PermissionMode:    os.Getenv("TALKIDE_PERMISSION_MODE"),
+		WorkerID:          os.Getenv("TALKIDE_WORKER_ID"),
+		AdvertiseURL:      os.Getenv("TALKIDE_WORKER_ADVERTISE_URL"),
+		LeaseBackend:      os.Getenv("TALKIDE_LEASE_BACKEND"),
+		CLITmpDir:         os.Getenv("TALKIDE_CLI_TMP_DIR"),
+		AgentUser:         os.Getenv("TALKIDE_AGENT_USER"),
+		PermissionPolicy:  os.Getenv("TALKIDE_PERMISSION_POLICY"),
+		HostUIDDir:        os.Getenv("TALKIDE_HOST_UID_DIR"),
+		MetricsToken:      os.Getenv("TALKIDE_METRICS_TOKEN"),
+		CLIExtraEnv:       worker.ParseExtraEnv(os.Getenv("TALKIDE_CLI_EXTRA_ENV")),
+		Logger:            slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 	}
 	if v := os.Getenv("TALKIDE_WORKER_REQUEST_KEYS"); v != "" {
 		keys, err := token.ParseKeys(v)
@@ -103,7 +112,8 @@ func configFromEnv() (worker.Config, error) {
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
-	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout} {
+	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout,
+		"TALKIDE_IDENTITY_FAILURE_GRACE": &cfg.IdentityFailureGrace} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {

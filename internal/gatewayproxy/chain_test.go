@@ -76,7 +76,7 @@ func TestLocalProxyThroughRealControlPlane(t *testing.T) {
 
 	s, _ := startProxy(t, &gatewayproxy.MintingGatewayProxy{
 		Gateway: cpURL,
-		Mint:    &gatewayproxy.MintClient{Base: cpURL, IdentityToken: identityToken},
+		Mint:    &gatewayproxy.MintClient{Base: cpURL, Identity: fixedIdentity(t, identityToken)},
 	})
 	secretA, secretB := gatewayproxy.NewPlaceholderSecret(), gatewayproxy.NewPlaceholderSecret()
 	s.Register(convA, secretA)

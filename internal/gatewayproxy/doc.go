@@ -11,7 +11,10 @@
 // mints a fresh WorkerToken for the conversation with the worker's identity
 // token, then forwards to the control-plane gateway-proxy) and NoOpGatewayProxy
 // (development only: forwards straight to an Anthropic-compatible upstream
-// with a local API key, no control plane). MintClient calls the mint endpoint.
+// with a local API key, no control plane). MintClient calls the mint endpoint
+// with the worker's Identity: its identity token, fixed or read from a file
+// the control plane rotates, and the IdentityFailure the worker reports when
+// the token is revoked or expired with no successor.
 //
 // It does not budget, meter or store anything; the control plane does.
 package gatewayproxy

@@ -19,13 +19,44 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/token"
 )
 
 const (
-	convA    = "conv-a"
-	convB    = "conv-b"
-	identity = "identity-token-of-demo-dev" // opaque to the local proxy
+	convA = "conv-a"
+	convB = "conv-b"
 )
+
+// testMaster signs the identity tokens of the tests with fake mints.
+var testMaster = func() token.MasterKey {
+	m, err := token.NewMasterKey("k-test")
+	if err != nil {
+		panic(err)
+	}
+	return m
+}()
+
+// identity is an identity token of demo/dev, the tenant-env of the tests.
+var identity = signIdentity("demo", "dev", time.Hour)
+
+// signIdentity returns an identity token for tenant/env valid for ttl.
+func signIdentity(tenant, env string, ttl time.Duration) string {
+	tok, err := token.NewSigner(token.PurposeIdentity, testMaster.Derive(token.PurposeIdentity, "", "")).Sign(token.Claims{Tenant: tenant, Env: env}, ttl)
+	if err != nil {
+		panic(err)
+	}
+	return tok
+}
+
+// fixedIdentity returns the Identity of demo/dev holding tok.
+func fixedIdentity(t testing.TB, tok string) *gatewayproxy.Identity {
+	t.Helper()
+	id, err := gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{Token: tok, Tenant: "demo", Env: "dev", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
 
 // seenRequest is a request as a fake server received it.
 type seenRequest struct {
@@ -129,10 +160,10 @@ func startProxy(t *testing.T, p gatewayproxy.GatewayProxy) (*gatewayproxy.Server
 	return s, logs
 }
 
-func newMintingProxy(gw, mint *fakeServer) *gatewayproxy.MintingGatewayProxy {
+func newMintingProxy(t testing.TB, gw, mint *fakeServer) *gatewayproxy.MintingGatewayProxy {
 	return &gatewayproxy.MintingGatewayProxy{
 		Gateway: gw.URL,
-		Mint:    &gatewayproxy.MintClient{Base: mint.URL, IdentityToken: identity},
+		Mint:    &gatewayproxy.MintClient{Base: mint.URL, Identity: fixedIdentity(t, identity)},
 	}
 }
 

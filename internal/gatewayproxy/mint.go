@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,11 +19,16 @@ import (
 type MintClient struct {
 	// Base is $TALKIDE_GATEWAY_BASE_URL.
 	Base *url.URL
-	// IdentityToken is $TALKIDE_WORKER_IDENTITY_TOKEN.
-	IdentityToken string
+	// Identity supplies the identity token and learns of the mint's
+	// refusals. Required.
+	Identity *Identity
 	// HTTP is the client used; nil means a client with a 10 s timeout.
 	HTTP *http.Client
 }
+
+// maxMintAttempts bounds the mints of one Mint call: the first, and
+// retries with a token rotated into the identity file meanwhile.
+const maxMintAttempts = 3
 
 // MintError is a refusal from the mint endpoint.
 type MintError struct {
@@ -37,16 +43,39 @@ func (e *MintError) Error() string {
 
 var defaultMintHTTP = &http.Client{Timeout: 10 * time.Second}
 
-// Mint asks for a WorkerToken for conversation conv. It returns a *MintError
-// when the endpoint answers with an error status, or a transport error.
+// Mint asks for a WorkerToken for conversation conv. When the mint answers
+// 401 and the identity file holds a newer token (a rotation), it retries
+// with that one at once. It returns a *MintError when the endpoint answers
+// with an error status (after a 401, c.Identity has recorded the failure),
+// or a transport error.
 func (c *MintClient) Mint(ctx context.Context, conv string) (contract.MintResponse, error) {
+	tok := c.Identity.Token()
+	for attempt := 1; ; attempt++ {
+		mr, err := c.mint(ctx, conv, tok)
+		if err == nil {
+			c.Identity.accepted(tok)
+			return mr, nil
+		}
+		var me *MintError
+		if !errors.As(err, &me) || me.Status != http.StatusUnauthorized || attempt == maxMintAttempts {
+			return mr, err
+		}
+		next, ok := c.Identity.refused(tok, me.Msg)
+		if !ok {
+			return mr, err
+		}
+		tok = next
+	}
+}
+
+func (c *MintClient) mint(ctx context.Context, conv, identity string) (contract.MintResponse, error) {
 	body, _ := json.Marshal(contract.MintRequest{ConversationID: conv})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, httpapi.JoinURL(c.Base, contract.PathMint).String(), bytes.NewReader(body))
 	if err != nil {
 		return contract.MintResponse{}, fmt.Errorf("mint: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+c.IdentityToken)
+	req.Header.Set("Authorization", "Bearer "+identity)
 	hc := c.HTTP
 	if hc == nil {
 		hc = defaultMintHTTP

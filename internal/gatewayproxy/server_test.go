@@ -22,7 +22,7 @@ import (
 
 func TestLocalProxyRequiresConversationCredential(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
-	s, logs := startProxy(t, newMintingProxy(gw, mint))
+	s, logs := startProxy(t, newMintingProxy(t, gw, mint))
 	secretA, secretB := gatewayproxy.NewPlaceholderSecret(), gatewayproxy.NewPlaceholderSecret()
 	if secretA == secretB {
 		t.Fatalf("NewPlaceholderSecret: got %q twice, want fresh secrets", secretA)
@@ -132,7 +132,7 @@ func TestLocalProxyNoOpReplacesCredentials(t *testing.T) {
 
 func TestLocalProxyMintsFreshTokenPerRequest(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
-	s, logs := startProxy(t, newMintingProxy(gw, mint))
+	s, logs := startProxy(t, newMintingProxy(t, gw, mint))
 	secret := gatewayproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	hdr := http.Header{
@@ -222,7 +222,7 @@ func TestLocalProxyMintFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			gw, mint := newFakeServer(t), newFakeServer(t)
 			mint.setHandler(tc.answer)
-			p := newMintingProxy(gw, mint)
+			p := newMintingProxy(t, gw, mint)
 			if tc.answer == nil {
 				mint.srv.Close() // nothing listens there any more
 			}
@@ -243,7 +243,7 @@ func TestLocalProxyMintFailures(t *testing.T) {
 
 func TestLocalProxyHelloNeedsNoMint(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
-	s, _ := startProxy(t, newMintingProxy(gw, mint))
+	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
 	s.Register(convA, gatewayproxy.NewPlaceholderSecret())
 	for _, m := range []string{http.MethodHead, http.MethodGet} {
 		if got := send(t, m, s.BaseURL(convA)+"/api/hello", nil, ""); got.status != http.StatusOK {
@@ -260,7 +260,7 @@ func TestLocalProxyHelloNeedsNoMint(t *testing.T) {
 
 func TestLocalProxyRejectsInvalidConversationPath(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
-	s, _ := startProxy(t, newMintingProxy(gw, mint))
+	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
 	secret := gatewayproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	base := strings.TrimSuffix(s.BaseURL(convA), "/"+convA)
@@ -292,7 +292,7 @@ func TestLocalProxyRejectsInvalidConversationPath(t *testing.T) {
 // minted WorkerToken to another control-plane endpoint.
 func TestLocalProxyKeepsRequestsUnderGatewayPrefix(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
-	s, _ := startProxy(t, newMintingProxy(gw, mint))
+	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
 	secret := gatewayproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	for _, p := range []string{
@@ -411,7 +411,7 @@ func drain(ch chan string) []string {
 func TestLocalProxyGatewayUnreachableIs502(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	gw.srv.Close()
-	s, _ := startProxy(t, newMintingProxy(gw, mint))
+	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
 	secret := gatewayproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	got := send(t, http.MethodPost, s.BaseURL(convA)+"/v1/messages", bearer(secret), messagesBody)

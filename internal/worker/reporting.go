@@ -49,19 +49,19 @@ type reporting struct {
 	log       *slog.Logger
 }
 
-// newReporting sets up reporting for c. Without a control plane
-// (NoOpUpstream) nothing is reported and only project MCP servers are
-// offered.
-func newReporting(c Config, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
+// newReporting sets up reporting for c, minting with mc (the MintClient of
+// the model calls). Without a control plane (mc nil: NoOpUpstream) nothing
+// is reported and only project MCP servers are offered.
+func newReporting(c Config, mc *gatewayproxy.MintClient, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
 	policy := c.MCPPolicy
 	policy.Reserved = append(policy.Reserved, issuemcp.ServerName)
 	r := &reporting{store: store, log: log, mcp: &mcpProvider{policy: policy, log: log},
 		cursorDir: filepath.Join(c.SessionDir, "talkide", "outbox-cursors")}
-	if c.GatewayBaseURL == nil || c.NoOpUpstream != nil {
+	if mc == nil {
 		log.Warn("no control plane: reports are not sent and the talkide-issue-tracking MCP server is not offered")
 		return r, nil
 	}
-	client := reportclient.New(c.GatewayBaseURL, &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}, nil)
+	client := reportclient.New(c.GatewayBaseURL, mc, nil)
 	dir := filepath.Join(c.SessionDir, "talkide", "outbox")
 	ob, err := outbox.Open(outbox.Config{Dir: dir, Sender: client, Logger: log.With("component", "outbox"), Metrics: outbox.NewMetrics(reg)})
 	if err != nil {

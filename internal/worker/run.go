@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/gatewayproxy"
@@ -44,10 +43,22 @@ type Config struct {
 	// [TALKIDE_WORKER_REQUEST_KEYS, "kid:base64url,..."]. Required.
 	RequestKeys []token.Key
 	// GatewayBaseURL is the control plane [TALKIDE_GATEWAY_BASE_URL]; with
-	// IdentityToken [TALKIDE_WORKER_IDENTITY_TOKEN] model calls go through
-	// MintingGatewayProxy. Required unless NoOpUpstream is set.
+	// the identity token model calls go through MintingGatewayProxy.
+	// Required unless NoOpUpstream is set.
 	GatewayBaseURL *url.URL
-	IdentityToken  string
+	// IdentityToken is the identity token [TALKIDE_WORKER_IDENTITY_TOKEN];
+	// IdentityTokenFile a file holding it
+	// [TALKIDE_WORKER_IDENTITY_TOKEN_FILE], e.g. the Secret
+	// talkide-worker-token mounted as a volume: a token written there later
+	// is taken without a restart (gatewayproxy.Identity). Exactly one is
+	// required unless NoOpUpstream is set.
+	IdentityToken     string
+	IdentityTokenFile string
+	// IdentityFailureGrace is how long a worker whose identity token was
+	// revoked, expired or refused stays up, unready, waiting for a new
+	// token in IdentityTokenFile, before Run returns an *IdentityError
+	// [TALKIDE_IDENTITY_FAILURE_GRACE]. Default 60 s.
+	IdentityFailureGrace time.Duration
 	// NoOpUpstream and NoOpAPIKey select NoOpGatewayProxy (development only:
 	// straight to an Anthropic-compatible upstream with a local key)
 	// [TALKIDE_NOOP_UPSTREAM_URL, ANTHROPIC_API_KEY].
@@ -82,8 +93,10 @@ type Config struct {
 	// listening on all interfaces.
 	AdvertiseURL string
 	// LeaseBackend is "file" (leases on the session volume; the default) or
-	// "kubernetes" (coordination.k8s.io Lease objects in the pod's
-	// namespace) [TALKIDE_LEASE_BACKEND].
+	// "kubernetes" (coordination.k8s.io Lease objects, with the credentials
+	// of $KUBECONFIG or else the pod's service account, in $POD_NAMESPACE
+	// or else the pod's or the kubeconfig context's namespace)
+	// [TALKIDE_LEASE_BACKEND].
 	LeaseBackend string
 	// MaxProcesses caps live CLI processes [TALKIDE_MAX_PROCESSES]. Default 4.
 	MaxProcesses int
@@ -163,13 +176,18 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("set TALKIDE_WORKER_REQUEST_KEYS (the control plane prints them: talkide-controlplane worker-credentials)"))
 	}
 	switch {
+	case c.IdentityToken != "" && c.IdentityTokenFile != "":
+		errs = append(errs, errors.New("set TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE, not both"))
 	case c.NoOpUpstream != nil:
-	case c.GatewayBaseURL == nil || c.IdentityToken == "":
-		errs = append(errs, errors.New("set TALKIDE_GATEWAY_BASE_URL and TALKIDE_WORKER_IDENTITY_TOKEN (or, for development only, TALKIDE_NOOP_UPSTREAM_URL)"))
-	default:
-		if err := checkIdentityToken(c.IdentityToken, c.Tenant, c.Env); err != nil {
+	case c.GatewayBaseURL == nil || (c.IdentityToken == "" && c.IdentityTokenFile == ""):
+		errs = append(errs, errors.New("set TALKIDE_GATEWAY_BASE_URL and TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE (or, for development only, TALKIDE_NOOP_UPSTREAM_URL)"))
+	case c.Tenant != "" && c.Env != "":
+		if _, err := c.newIdentity(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.IdentityFailureGrace <= 0 {
+		c.IdentityFailureGrace = 60 * time.Second
 	}
 	if c.Addr == "" {
 		c.Addr = ":8080"
@@ -224,41 +242,39 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkIdentityToken reads the (unverified: the worker has no key) claims of
-// the identity token to fail fast when it names another tenant-env.
-func checkIdentityToken(tok, tenant, env string) error {
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
+// newIdentity reads the identity token (IdentityToken or
+// IdentityTokenFile) and checks that it is an unexpired identity token of
+// this worker's tenant-env; the file is read again whenever it changes.
+func (c *Config) newIdentity() (*gatewayproxy.Identity, error) {
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
 	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
-	}
-	var c token.Claims
-	if err := json.Unmarshal(payload, &c); err != nil {
-		return errors.New("TALKIDE_WORKER_IDENTITY_TOKEN is not a token")
-	}
-	if c.Purpose != token.PurposeIdentity {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN is a %q token, want an identity token", c.Purpose)
-	}
-	if c.Tenant != tenant || c.Env != env {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN is bound to %s/%s, but this worker serves %s/%s", c.Tenant, c.Env, tenant, env)
-	}
-	if c.ExpiresAt != nil && time.Now().After(c.ExpiresAt.Time) {
-		return fmt.Errorf("TALKIDE_WORKER_IDENTITY_TOKEN expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
-	}
-	return nil
+	return gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{
+		Token: c.IdentityToken, File: c.IdentityTokenFile, Tenant: c.Tenant, Env: c.Env,
+		Logger: log.With("tenant", c.Tenant, "env", c.Env, "component", "identity"),
+	})
 }
 
 // Run runs the worker until ctx ends: it checks the CLI version, opens the
 // SessionStore, starts the LocalGatewayProxyServer, the harness and the API
 // server (on ln when non-nil, else on c.Addr), and on shutdown stops the CLI
-// processes and waits for everything. c must have passed Validate.
+// processes and waits for everything. c must have passed Validate. When the
+// identity token can no longer mint and no successor appears within
+// c.IdentityFailureGrace, it shuts down the same way and returns an
+// *IdentityError.
 func Run(ctx context.Context, c Config, ln net.Listener) error {
 	log := c.Logger.With("tenant", c.Tenant, "env", c.Env)
 	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
 		return err
+	}
+	var mc *gatewayproxy.MintClient // nil without a control plane
+	if c.NoOpUpstream == nil {
+		id, err := c.newIdentity()
+		if err != nil {
+			return err
+		}
+		mc = &gatewayproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
 	}
 	store, err := sessionstore.Open(filepath.Join(c.SessionDir, "talkide"))
 	if err != nil {
@@ -266,11 +282,11 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	store.KeepEvents = c.KeepEvents
 	var gp gatewayproxy.GatewayProxy
-	if c.NoOpUpstream != nil {
+	if mc == nil {
 		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
 		gp = &gatewayproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}
 	} else {
-		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: &gatewayproxy.MintClient{Base: c.GatewayBaseURL, IdentityToken: c.IdentityToken}}
+		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}
 	}
 	if ln == nil {
 		ln, err = net.Listen("tcp", c.Addr)
@@ -285,7 +301,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rep, err := newReporting(c, store, log, reg)
+	rep, err := newReporting(c, mc, store, log, reg)
 	if err != nil {
 		localLn.Close()
 		return err
@@ -397,9 +413,14 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	defer stopHarness()
 	srv := httpapi.NewServer(serveCtx, ln.Addr().String(), api, log)
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	harnessDone := make(chan struct{})
 	wg.Go(func() { errc <- local.Serve(serveCtx, localLn) })
+	if mc != nil {
+		wg.Go(func() {
+			errc <- watchIdentity(serveCtx, mc.Identity, c.IdentityFailureGrace, api, log.With("component", "identity"))
+		})
+	}
 	wg.Go(func() { defer close(harnessDone); errc <- h.Run(hctx) })
 	stopReporting := rep.start(serveCtx, h)
 	if n, err := h.Recover(); err != nil {
@@ -454,7 +475,7 @@ func advertise(c Config, ln net.Listener) string {
 func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
 	cfg := lease.Config{Identity: id}
 	if c.LeaseBackend == "kubernetes" {
-		rc, err := rest.InClusterConfig()
+		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes leases: %w", err)
 		}
@@ -462,17 +483,56 @@ func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes leases: %w", err)
 		}
-		ns := os.Getenv("POD_NAMESPACE")
-		if ns == "" {
-			b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-			if err != nil {
-				return nil, fmt.Errorf("kubernetes leases: set POD_NAMESPACE: %w", err)
-			}
-			ns = strings.TrimSpace(string(b))
-		}
 		return lease.NewKubeManager(cs, ns, cfg)
 	}
 	return lease.NewFileManager(filepath.Join(c.SessionDir, "talkide", "leases"), cfg)
+}
+
+// serviceAccountNamespaceFile is where a pod finds its namespace.
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// kubeConfig returns the client configuration and the namespace of the
+// Kubernetes lease backend. Credentials come from the kubeconfig files in
+// $KUBECONFIG (a list, as kubectl reads it) when it is set, else from the
+// pod's service account (in-cluster). The namespace is $POD_NAMESPACE, else
+// the one in nsFile (the service account's), else the kubeconfig's current
+// context's; none of them is an error.
+func kubeConfig(nsFile string) (*rest.Config, string, error) {
+	var rc *rest.Config
+	var contextNS string
+	if kc := os.Getenv("KUBECONFIG"); kc != "" {
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(kc)}, &clientcmd.ConfigOverrides{})
+		var err error
+		if rc, err = cc.ClientConfig(); err != nil {
+			return nil, "", fmt.Errorf("KUBECONFIG: %w", err)
+		}
+		raw, err := cc.RawConfig()
+		if err != nil {
+			return nil, "", fmt.Errorf("KUBECONFIG: %w", err)
+		}
+		if ctx := raw.Contexts[raw.CurrentContext]; ctx != nil {
+			contextNS = ctx.Namespace
+		}
+	} else {
+		var err error
+		if rc, err = rest.InClusterConfig(); err != nil {
+			return nil, "", fmt.Errorf("in-cluster credentials (outside a pod, set KUBECONFIG): %w", err)
+		}
+	}
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		if b, err := os.ReadFile(nsFile); err == nil {
+			ns = strings.TrimSpace(string(b))
+		}
+	}
+	if ns == "" {
+		ns = contextNS
+	}
+	if ns == "" {
+		return nil, "", fmt.Errorf("set POD_NAMESPACE: no namespace in %s nor in the kubeconfig's current context", nsFile)
+	}
+	return rc, ns, nil
 }
 
 // ParseExtraEnv splits "NAME=value,NAME=value".

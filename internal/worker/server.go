@@ -34,6 +34,9 @@ type Server struct {
 	handler   http.Handler // mux with JSON 404/405 answers
 	// notReady turns /readyz false (shutdown begun).
 	notReady atomic.Bool
+	// identityFailure, when set, turns /readyz false with its reason (the
+	// identity token can no longer mint; watchIdentity).
+	identityFailure atomic.Pointer[identityState]
 	// identity names this replica in forwarded requests.
 	identity string
 	// limits, when set, refuses new work near the worker's limits (limits.go).
@@ -64,6 +67,10 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if st := s.identityFailure.Load(); st != nil {
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, st.readiness())
+			return
+		}
 		if s.notReady.Load() {
 			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 			return
