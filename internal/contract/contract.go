@@ -467,6 +467,13 @@ type MintResponse struct {
 // A supervisor does not restart it; starting again would fail the same way.
 const ExitConfig = 78
 
+// ExitIdentity is the exit status of a worker whose identity token was
+// revoked, expired or refused by the mint with no successor
+// (sysexits' EX_NOPERM). A supervisor does not restart it with the same
+// token; it needs a new one (in Kubernetes, the provisioner writes it to
+// the worker's Secret).
+const ExitIdentity = 77
+
 // ConfigError marks an error as a configuration error: the binaries exit
 // with ExitConfig when run returns one.
 type ConfigError struct{ Err error }

@@ -14,11 +14,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/platformtest"
 )
 
@@ -387,4 +389,28 @@ func launch(t *testing.T, cfg Config) *run {
 		}
 	}
 	return r
+}
+
+// TestWorkerWithADeadIdentityIsNotRestarted: a worker that exits with
+// contract.ExitIdentity (its identity token revoked or expired) would
+// present the same token again: the supervisor does not restart it.
+func TestWorkerWithADeadIdentityIsNotRestarted(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "worker")
+	count := filepath.Join(dir, "starts")
+	body := "#!/bin/sh\necho x >> " + count + "\nexit " + strconv.Itoa(contract.ExitIdentity) + "\n"
+	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: "worker", bin: script, logPath: filepath.Join(dir, "worker.log"), log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p.loop(ctx) // returns by itself when it does not restart
+	if ctx.Err() != nil {
+		t.Fatal("the supervisor kept restarting a worker whose identity is gone")
+	}
+	starts, _ := os.ReadFile(count)
+	if n := strings.Count(string(starts), "x"); n != 1 || !p.misconfigured.Load() {
+		t.Fatalf("started %d times (misconfigured %v), want once", n, p.misconfigured.Load())
+	}
 }

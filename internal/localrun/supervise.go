@@ -25,7 +25,8 @@ type proc struct {
 	// that run wrote comes after it.
 	logStart atomic.Int64
 	// misconfigured is set when the process exited with
-	// contract.ExitConfig; it is not restarted then.
+	// contract.ExitConfig or contract.ExitIdentity; it is not restarted
+	// then.
 	misconfigured atomic.Bool
 }
 
@@ -78,6 +79,12 @@ func (p *proc) loop(ctx context.Context) {
 		if exitErr, ok := err.(*exec.ExitError); ok && exitErr.ExitCode() == contract.ExitConfig {
 			p.misconfigured.Store(true)
 			p.log.Error("process refused its configuration; not restarting it", "log", p.logPath)
+			return
+		}
+		if exitErr, ok := err.(*exec.ExitError); ok && exitErr.ExitCode() == contract.ExitIdentity {
+			// Started again it would present the same dead token.
+			p.misconfigured.Store(true)
+			p.log.Error("the worker's identity token was revoked or expired; not restarting it (restart talkide run for a new one)", "log", p.logPath)
 			return
 		}
 		if time.Since(started) > 30*time.Second {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 )
 
@@ -14,7 +15,7 @@ import (
 // TALKIDE_WORKER_IDENTITY_TOKEN_FILE within TALKIDE_IDENTITY_FAILURE_GRACE
 // (sysexits' EX_NOPERM). Started again with the same token it would fail
 // the same way once it mints; it needs a new token in its Secret.
-const ExitIdentity = 77
+const ExitIdentity = contract.ExitIdentity
 
 // IdentityError is Run's error when the worker stopped because its identity
 // token can no longer mint (cmd/talkide-worker exits with ExitIdentity).
