@@ -30,6 +30,10 @@ func KubeClient(path string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes credentials (KUBECONFIG %q, else in-cluster): %w", path, err)
 	}
+	// Endpoints default/kubernetes (the API server's address) is read on
+	// purpose: get by name needs the least right, where EndpointSlices
+	// would need list cluster-wide. Its deprecation warning is noise.
+	rc.WarningHandler = rest.NoWarnings{}
 	return kubernetes.NewForConfig(rc)
 }
 

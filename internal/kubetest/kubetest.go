@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +42,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 var shared struct {
@@ -223,4 +226,21 @@ func (c *Cluster) Token(ctx context.Context, ns, name string, ttl time.Duration)
 		return "", fmt.Errorf("kubetest: mint token for %s/%s: %w", ns, name, err)
 	}
 	return tr.Status.Token, nil
+}
+
+// WriteKubeconfig writes a kubeconfig file acting as cfg's bearer token
+// against cfg's server, with namespace as its context's default (as a
+// pod's in-cluster credentials act), and returns its path.
+func WriteKubeconfig(t testing.TB, cfg *rest.Config, namespace string) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, CertificateAuthority: cfg.CAFile}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u", Namespace: namespace}
+	kc.CurrentContext = "c"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -117,7 +117,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 // when it verifies for this tenant-env and is recorded and unrevoked (nil
 // otherwise), and why it must be replaced ("" when it may stay).
 func (p *K8sWorkerProvisioner) usable(ctx context.Context, tenant, env, tok string) (*token.Claims, string) {
-	c, err := p.identity.ForSubject(tenant, env).Verify(tok)
+	c, err := p.verifyIdentity(tok, tenant, env)
 	if err != nil {
 		return nil, "the Secret's identity token does not verify: " + err.Error()
 	}
@@ -142,7 +142,7 @@ func (p *K8sWorkerProvisioner) issue(ctx context.Context, tenant, env string) (t
 	if err != nil {
 		return "", "", fmt.Errorf("issue identity token: %w", err)
 	}
-	c, err := p.identity.Verify(tok)
+	c, err := p.verifyIdentity(tok, tenant, env)
 	if err != nil {
 		return "", "", fmt.Errorf("issue identity token: %w", err)
 	}

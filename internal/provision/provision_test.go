@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -399,10 +400,13 @@ func TestDeprovisionDuringProvision(t *testing.T) {
 		tn := r.tenant()
 		a := r.another(r.kube)
 		reached, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
 		a.SetAfterStep(func(ctx context.Context, tenant, env, step string) error {
-			if step == "namespace" {
-				close(reached)
-				<-release
+			if tenant == tn && step == "namespace" {
+				once.Do(func() {
+					close(reached)
+					<-release
+				})
 			}
 			return nil
 		})

@@ -54,12 +54,14 @@ type K8sWorkerProvisioner struct {
 	kube        kubernetes.Interface
 	store       Store
 	issuer      Issuer
-	identity    *token.Verifier
+	idKeys      []token.Key // verify identity tokens
 	requestKeys func(tenant, env string) string
 	now         func() time.Time
 
 	mu    sync.Mutex
 	locks map[string]*keyLock
+	// noAPIServer logs once that the API server's address is unknown.
+	noAPIServer sync.Once
 
 	// orphanAge: see identity.go. afterStep, when set (tests, through
 	// export_test.go), runs after each step of a reconcile ("namespace",
@@ -93,7 +95,7 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 	}
 	return &K8sWorkerProvisioner{
 		cfg: cfg, kube: kube, store: store, issuer: issuer,
-		identity: token.NewVerifier(token.PurposeIdentity, idKeys...),
+		idKeys: idKeys,
 		requestKeys: func(tenant, env string) string {
 			var ks []string
 			for _, m := range masters {
@@ -432,7 +434,9 @@ func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, er
 	}
 	ep, err := p.kube.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		p.cfg.Logger.Warn("Endpoints default/kubernetes not found: the workers' NetworkPolicy lets them reach no API server (set TALKIDE_WORKER_APISERVER_CIDRS)")
+		p.noAPIServer.Do(func() {
+			p.cfg.Logger.Warn("Endpoints default/kubernetes not found: the workers' NetworkPolicy lets them reach no API server (set TALKIDE_WORKER_APISERVER_CIDRS)")
+		})
 		return nil, nil
 	}
 	if err != nil {
@@ -449,6 +453,16 @@ func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, er
 		}
 	}
 	return out, nil
+}
+
+// verifyIdentity verifies an identity token of tenant/env (any tenant-env
+// when tenant is "").
+func (p *K8sWorkerProvisioner) verifyIdentity(tok, tenant, env string) (*token.Claims, error) {
+	v := token.NewVerifier(token.PurposeIdentity, p.idKeys...)
+	if tenant != "" {
+		v = v.ForSubject(tenant, env)
+	}
+	return v.Verify(tok)
 }
 
 func (p *K8sWorkerProvisioner) step(ctx context.Context, tenant, env, name string) error {

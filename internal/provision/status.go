@@ -161,7 +161,7 @@ func (p *K8sWorkerProvisioner) observeObjects(ctx context.Context, st *Status) e
 	case err != nil:
 		return err
 	default:
-		if c, err := p.identity.ForSubject(st.Tenant, st.Env).Verify(string(sec.Data[SecretKeyID])); err == nil {
+		if c, err := p.verifyIdentity(string(sec.Data[SecretKeyID]), st.Tenant, st.Env); err == nil {
 			st.Identity = &Identity{JTI: c.ID, ExpiresAt: c.ExpiresAt.UTC()}
 			if toks, err := p.store.LiveIdentityTokens(ctx, st.Tenant, st.Env); err == nil {
 				for _, t := range toks {

@@ -15,14 +15,20 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
 	"github.com/talkide/talkide/internal/workerclient"
 )
+
+func TestMain(m *testing.M) { kubetest.Main(m) }
 
 // replica is one worker process (in-process) of a tenant-env.
 type replica struct {
@@ -31,7 +37,7 @@ type replica struct {
 	stop   func()
 }
 
-func startReplica(t *testing.T, id, sessionDir string, up *url.URL, master token.MasterKey) *replica {
+func startReplica(t *testing.T, id, sessionDir string, up *url.URL, master token.MasterKey, leaseBackend string) *replica {
 	t.Helper()
 	bin, err := claudecli.Find()
 	if err != nil {
@@ -47,7 +53,8 @@ func startReplica(t *testing.T, id, sessionDir string, up *url.URL, master token
 	}
 	key := master.Derive(token.PurposeWorkerRequest, "acme", "dev")
 	cfg := worker.Config{Tenant: "acme", Env: "dev", RequestKeys: []token.Key{key}, NoOpUpstream: up,
-		SessionDir: sessionDir, ClaudeBin: bin, WorkerID: id, ShutdownGrace: 10 * time.Second, Logger: log, MetricsToken: testMetricsToken}
+		SessionDir: sessionDir, ClaudeBin: bin, WorkerID: id, ShutdownGrace: 10 * time.Second, Logger: log, MetricsToken: testMetricsToken,
+		LeaseBackend: leaseBackend}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,16 +121,35 @@ func turnEnd(ev contract.Event) bool {
 // reach the replica not owning a conversation are forwarded to the owner
 // (commands and the event stream), and when the owner shuts down (SIGTERM in
 // a rolling update) a message accepted during its shutdown is run by the
-// other replica, with the history and without a gap in the events.
+// other replica, with the history and without a gap in the events. It runs
+// with the leases as files on the volume and as Leases on the real API
+// server, where the replicas act as the worker's ServiceAccount with
+// exactly the Role the provisioner gives it (KUBECONFIG from its token, as
+// in its pod).
 func TestRollingUpdate(t *testing.T) {
+	t.Run("file", func(t *testing.T) { testRollingUpdate(t, "file") })
+	t.Run("kubernetes", func(t *testing.T) {
+		c := kubetest.Shared(t)
+		ns := c.Namespace(t)
+		t.Setenv("KUBECONFIG", kubetest.WriteKubeconfig(t, c.ServiceAccountConfig(t, ns, provision.WorkerName, provision.WorkerRules()), ns))
+		t.Setenv("POD_NAMESPACE", ns)
+		testRollingUpdate(t, "kubernetes")
+		leases, err := c.Client().CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(leases.Items) == 0 {
+			t.Fatalf("no Leases in %s: %v", ns, err)
+		}
+	})
+}
+
+func testRollingUpdate(t *testing.T, leaseBackend string) {
 	vol := platformtest.AgentReachableTempDir(t)
 	up := devupstream.New(devupstream.Config{})
 	upSrv := httptest.NewServer(up)
 	defer upSrv.Close()
 	upURL, _ := url.Parse(upSrv.URL)
 	master, _ := token.NewMasterKey("k1")
-	old := startReplica(t, "worker-old", vol, upURL, master)
-	next := startReplica(t, "worker-new", vol, upURL, master)
+	old := startReplica(t, "worker-old", vol, upURL, master, leaseBackend)
+	next := startReplica(t, "worker-new", vol, upURL, master, leaseBackend)
 	ctx := context.Background()
 	mreq, _ := http.NewRequest("GET", old.url+"/metrics", nil)
 	mreq.Header.Set("Authorization", "Bearer "+testMetricsToken)
