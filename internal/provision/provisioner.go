@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -62,6 +63,9 @@ type K8sWorkerProvisioner struct {
 	locks map[string]*keyLock
 	// noAPIServer logs once that the API server's address is unknown.
 	noAPIServer sync.Once
+	// policyApplied is when the Job policy was last applied (guarded by
+	// mu): at most once a resync period.
+	policyApplied time.Time
 
 	// orphanAge: see identity.go. afterStep, when set (tests, through
 	// export_test.go), runs after each step of a reconcile ("namespace",
@@ -252,6 +256,11 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := stillCurrent(); err != nil {
 		return err
 	}
+	// Before the worker may create Jobs, the policy that keeps them
+	// unprivileged is in place.
+	if err := p.ensureJobPolicy(ctx); err != nil {
+		return err
+	}
 	for _, obj := range []any{serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
 		if err := p.applyObject(ctx, obj); err != nil {
 			return err
@@ -325,6 +334,12 @@ func (p *K8sWorkerProvisioner) applyObject(ctx context.Context, obj any) error {
 	case *networkingv1.NetworkPolicy:
 		kind, name = "NetworkPolicy", o.Name
 		_, err = p.kube.NetworkingV1().NetworkPolicies(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *admissionv1.ValidatingAdmissionPolicy:
+		kind, name = "ValidatingAdmissionPolicy", o.Name
+		_, err = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *admissionv1.ValidatingAdmissionPolicyBinding:
+		kind, name = "ValidatingAdmissionPolicyBinding", o.Name
+		_, err = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
 	case *appsv1.Deployment:
 		kind, name = "Deployment", o.Name
 		_, err = p.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
@@ -453,6 +468,28 @@ func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, er
 		}
 	}
 	return out, nil
+}
+
+// ensureJobPolicy applies the cluster-wide policy on workers' Jobs
+// (policy.go), at most once per Config.Resync.
+func (p *K8sWorkerProvisioner) ensureJobPolicy(ctx context.Context) error {
+	p.mu.Lock()
+	fresh := !p.policyApplied.IsZero() && p.now().Sub(p.policyApplied) < p.cfg.Resync
+	p.mu.Unlock()
+	if fresh {
+		return nil
+	}
+	pol, bind := jobPolicyObjects(&p.cfg)
+	if err := p.applyObject(ctx, pol); err != nil {
+		return err
+	}
+	if err := p.applyObject(ctx, bind); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.policyApplied = p.now()
+	p.mu.Unlock()
+	return nil
 }
 
 // verifyIdentity verifies an identity token of tenant/env (any tenant-env

@@ -34,6 +34,9 @@ const ClusterRoleName = "talkide-controlplane"
 //   - pods, events: read only, for the reason a worker is not ready.
 //   - endpoints "kubernetes" (get): where the API server is, for the
 //     worker's NetworkPolicy.
+//   - validatingadmissionpolicies and their bindings: create, and patch
+//     only talkide-worker-jobs, the policy that keeps workers' Jobs
+//     unprivileged (policy.go).
 //   - WorkerRules again: Kubernetes lets a subject grant in a Role only
 //     rights it holds itself (no "escalate"/"bind" verbs are asked for).
 func ClusterRole() *rbacv1.ClusterRole {
@@ -46,6 +49,9 @@ func ClusterRole() *rbacv1.ClusterRole {
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: manage},
 		{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"endpoints"}, ResourceNames: []string{"kubernetes"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
+			ResourceNames: []string{JobPolicyName}, Verbs: []string{"get", "patch", "update"}},
 	}
 	rules = append(rules, WorkerRules()...)
 	return &rbacv1.ClusterRole{

@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,6 +159,59 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 	}
 	if err := w.CoordinationV1().Leases(ns).Delete(ctx, "talkide-replica-x", metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete lease: %v", err)
+	}
+
+	// Jobs that would let a compromised worker leave its node are refused
+	// (the policy takes a moment to load after it is made).
+	evil := map[string]func(*corev1.PodSpec){
+		"privileged": func(s *corev1.PodSpec) {
+			s.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		},
+		"privileged init container": func(s *corev1.PodSpec) {
+			s.InitContainers = []corev1.Container{{Name: "i", Image: "x", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
+		},
+		"hostPath": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
+		},
+		"hostNetwork": func(s *corev1.PodSpec) { s.HostNetwork = true },
+		"hostPID":     func(s *corev1.PodSpec) { s.HostPID = true },
+		"SYS_ADMIN": func(s *corev1.PodSpec) {
+			s.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}}
+		},
+		"unmasked /proc": func(s *corev1.PodSpec) {
+			s.HostUsers = ptr.To(false)
+			s.Containers[0].SecurityContext = &corev1.SecurityContext{ProcMount: ptr.To(corev1.UnmaskedProcMount)}
+		},
+		"seccomp unconfined": func(s *corev1.PodSpec) {
+			s.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}}
+		},
+		"hostPort": func(s *corev1.PodSpec) {
+			s.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, HostPort: 80}}
+		},
+	}
+	evilJob := func(name string, mutate func(*corev1.PodSpec)) *batchv1.Job {
+		j := job.DeepCopy()
+		j.Name = "evil-" + strings.ToLower(strings.NewReplacer(" ", "-", "/", "", "_", "-").Replace(name))
+		mutate(&j.Spec.Template.Spec)
+		return j
+	}
+	r.waitFor("the Job policy to refuse a privileged Job", 30*time.Second, func() (bool, error) {
+		j := evilJob("privileged", evil["privileged"])
+		_, err := w.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{})
+		if err == nil {
+			w.BatchV1().Jobs(ns).Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+			return false, errors.New("created")
+		}
+		return apierrors.IsForbidden(err), err
+	})
+	for name, mutate := range evil {
+		_, err := w.BatchV1().Jobs(ns).Create(ctx, evilJob(name, mutate), metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "a worker's Job may not") {
+			t.Errorf("a %s Job: %v, want Forbidden by the policy", name, err)
+		}
+	}
+	if _, err := w.BatchV1().Jobs(ns).Create(ctx, evilJob("plain again", func(*corev1.PodSpec) {}), metav1.CreateOptions{}); err != nil {
+		t.Errorf("a plain Job after the policy: %v", err)
 	}
 
 	forbidden := map[string]error{}
