@@ -24,6 +24,7 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
@@ -38,7 +39,8 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	kubetest.Main(m) // kube_test.go runs the worker as its ServiceAccount
+
 }
 
 // guard bounds waits for something that must happen; it only turns a hang

@@ -483,6 +483,12 @@ func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes leases: %w", err)
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = checkKubeRights(ctx, cs, ns, c.Logger)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes leases: %w", err)
+		}
 		return lease.NewKubeManager(cs, ns, cfg)
 	}
 	return lease.NewFileManager(filepath.Join(c.SessionDir, "talkide", "leases"), cfg)
