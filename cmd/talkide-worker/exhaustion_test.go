@@ -1,15 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,13 +16,9 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/kubetest"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
-	"github.com/talkide/talkide/internal/token"
 )
 
 // The tests of this file run the worker as a real process: the test binary
@@ -138,64 +129,13 @@ func checkRefusal(t *testing.T, what string, a answer) {
 // deliver every report in the end; and the worker must never have met
 // "too many open files".
 func TestOpenFilesLimitRefusesAndLosesNothing(t *testing.T) {
-	bin := platformtest.ClaudeBin(t)
-	dir := platformtest.AgentReachableTempDir(t)
-	sessions := filepath.Join(dir, "sessions")
-	log := slog.New(slog.DiscardHandler)
-	master, err := token.NewMasterKey("t1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const tenant, env = "demo", "dev"
-	userToken := "tk_test_" + token.NewID()
-
-	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: platformtest.UpstreamAPIKey}))
-	t.Cleanup(up.Close)
-	upURL, _ := url.Parse(up.URL)
-	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpURL := "http://" + cpLn.Addr().String()
-	dbPath := filepath.Join(dir, "cp.db")
-	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), tenant, env, 0)
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	w := startWorkerProcess(t, []string{
-		"TALKIDE_TENANT=" + tenant, "TALKIDE_ENV=" + env, "TALKIDE_WORKER_ADDR=127.0.0.1:0",
-		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, tenant, env)),
-		"TALKIDE_GATEWAY_BASE_URL=" + cpURL, "TALKIDE_WORKER_IDENTITY_TOKEN=" + identity,
-		"TALKIDE_SESSION_DIR=" + sessions, "TALKIDE_CLAUDE_BIN=" + bin,
-		"TALKIDE_HOST_UID_DIR=" + filepath.Join(dir, "uids"), "TALKIDE_CLI_TMP_DIR=" + filepath.Join(dir, "cli-tmp"),
-		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV=100000", "TALKIDE_MAX_CONVERSATIONS_PER_USER=100000",
+	r := newRig(t)
+	tenant, env, sessions, cpURL, userToken := r.tenant, r.env, r.sessions, r.cpURL, r.userToken
+	w := startWorkerProcess(t, r.workerEnv("TALKIDE_WORKER_IDENTITY_TOKEN="+r.identity,
+		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV=100000", "TALKIDE_MAX_CONVERSATIONS_PER_USER=100000"))
+	p := r.startControlPlane(w.URL, func(c *controlplane.Config) {
+		c.MaxConversationsPerUser, c.MaxConversationsPerTenantEnv = 100000, 100000
 	})
-
-	cpCfg := controlplane.Config{
-		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: platformtest.UpstreamAPIKey,
-		WorkerURLTemplate: w.URL, DevUserToken: userToken, Logger: log,
-		MaxConversationsPerUser: 100000, MaxConversationsPerTenantEnv: 100000,
-	}
-	if err := cpCfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	cpCtx, stopCP := context.WithCancel(context.Background())
-	cpDone := make(chan struct{})
-	go func() {
-		defer close(cpDone)
-		if err := controlplane.RunWith(cpCtx, cpCfg, cpLn, nil); err != nil {
-			t.Errorf("control plane: %v", err)
-		}
-	}()
-	t.Cleanup(func() { stopCP(); <-cpDone })
-	p := &platformtest.Platform{T: t, URL: cpURL, UserToken: userToken, Tenant: tenant, Env: env, WorkerURL: w.URL, SessionDir: sessions}
-	p.WaitControlPlane()
 
 	// A conversation whose agent is busy while the limit is met.
 	busy := p.NewConversation()

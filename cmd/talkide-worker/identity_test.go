@@ -5,11 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,11 +14,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gatewayproxy"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
@@ -35,35 +27,10 @@ import (
 // passed with nothing new in the file, exit with worker.ExitIdentity
 // instead of retrying into 401s forever.
 func TestRevokedIdentityTokenExits(t *testing.T) {
-	bin := platformtest.ClaudeBin(t)
-	dir := platformtest.AgentReachableTempDir(t)
-	sessions := filepath.Join(dir, "sessions")
-	log := slog.New(slog.DiscardHandler)
-	master, err := token.NewMasterKey("t1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const tenant, env = "demo", "dev"
-	userToken := "tk_test_" + token.NewID()
-
-	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: platformtest.UpstreamAPIKey}))
-	t.Cleanup(up.Close)
-	upURL, _ := url.Parse(up.URL)
-	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpURL := "http://" + cpLn.Addr().String()
-	dbPath := filepath.Join(dir, "cp.db")
-	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRig(t)
+	tenant, env, dir, identity := r.tenant, r.env, r.dir, r.identity
+	db := r.openDB()
 	t.Cleanup(func() { db.Close() })
-	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), tenant, env, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	claims, err := gatewayproxy.ParseIdentityToken(identity, tenant, env, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -72,34 +39,8 @@ func TestRevokedIdentityTokenExits(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(identity+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-
-	w := startWorkerProcess(t, []string{
-		"TALKIDE_TENANT=" + tenant, "TALKIDE_ENV=" + env, "TALKIDE_WORKER_ADDR=127.0.0.1:0",
-		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, tenant, env)),
-		"TALKIDE_GATEWAY_BASE_URL=" + cpURL, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE=" + tokenFile,
-		"TALKIDE_IDENTITY_FAILURE_GRACE=5s",
-		"TALKIDE_SESSION_DIR=" + sessions, "TALKIDE_CLAUDE_BIN=" + bin,
-		"TALKIDE_HOST_UID_DIR=" + filepath.Join(dir, "uids"), "TALKIDE_CLI_TMP_DIR=" + filepath.Join(dir, "cli-tmp"),
-	})
-
-	cpCfg := controlplane.Config{
-		DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: platformtest.UpstreamAPIKey,
-		WorkerURLTemplate: w.URL, DevUserToken: userToken, Logger: log,
-	}
-	if err := cpCfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	cpCtx, stopCP := context.WithCancel(context.Background())
-	cpDone := make(chan struct{})
-	go func() {
-		defer close(cpDone)
-		if err := controlplane.RunWith(cpCtx, cpCfg, cpLn, nil); err != nil {
-			t.Errorf("control plane: %v", err)
-		}
-	}()
-	t.Cleanup(func() { stopCP(); <-cpDone })
-	p := &platformtest.Platform{T: t, URL: cpURL, UserToken: userToken, Tenant: tenant, Env: env, WorkerURL: w.URL, SessionDir: sessions}
-	p.WaitControlPlane()
+	w := startWorkerProcess(t, r.workerEnv("TALKIDE_WORKER_IDENTITY_TOKEN_FILE="+tokenFile, "TALKIDE_IDENTITY_FAILURE_GRACE=5s"))
+	p := r.startControlPlane(w.URL, nil)
 
 	if err := db.RevokeIdentityToken(context.Background(), claims.ID, time.Now()); err != nil {
 		t.Fatal(err)

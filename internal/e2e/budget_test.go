@@ -25,27 +25,6 @@ type gatewayCalls struct {
 	badToken string
 }
 
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
 func (g *gatewayCalls) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != contract.PathGatewayPrefix+"/v1/messages" {
@@ -58,10 +37,10 @@ func (g *gatewayCalls) wrap(h http.Handler) http.Handler {
 			r.Header.Set(contract.HeaderWorkerToken, g.badToken)
 		}
 		g.mu.Unlock()
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &platformtest.StatusRecorder{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
 		g.mu.Lock()
-		g.statuses = append(g.statuses, rec.status)
+		g.statuses = append(g.statuses, rec.Status)
 		g.mu.Unlock()
 	})
 }

@@ -85,10 +85,10 @@ func TestTwoTenantEnvsLifecycle(t *testing.T) {
 					h.ServeHTTP(w, r)
 					return
 				}
-				rec := &statusRecorder{ResponseWriter: w}
+				rec := &platformtest.StatusRecorder{ResponseWriter: w}
 				h.ServeHTTP(rec, r)
 				mintCalls.Add(1)
-				if rec.status != http.StatusOK {
+				if rec.Status != http.StatusOK {
 					mintFailures.Add(1)
 				}
 			})
@@ -256,25 +256,6 @@ func TestTwoTenantEnvsLifecycle(t *testing.T) {
 	}
 	waitReady("dev")
 	turn("please run `echo four`")
-}
-
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
 }
 
 // mintCodeHTTP asks the control plane's mint over HTTP for a conversation
