@@ -217,15 +217,5 @@ func ParseTenantEnvs(s string) ([][2]string, error) {
 }
 
 // validName checks a tenant or env name: a DNS label, since the worker
-// namespace is "{tenant}-{env}".
-func validName(s string) bool {
-	if s == "" || len(s) > 30 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
+// namespace is "{tenant}-{env}" (provision.ValidName).
+func validName(s string) bool { return provision.ValidName(s) }
