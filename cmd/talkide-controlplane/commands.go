@@ -45,7 +45,9 @@ Usage:
   talkide-controlplane rotate-identity -tenant T -env E
                                             give T/E's worker a new identity token now (the old one stays
                                             valid for TALKIDE_IDENTITY_ROTATION_GRACE)
-  talkide-controlplane clusterrole          print the ClusterRole the control plane needs to provision
+  talkide-controlplane clusterrole          print what an administrator installs for the provisioner: the
+                                            control plane's ClusterRole and the admission policies that
+                                            confine it and the workers' Jobs
   (the four commands above use KUBECONFIG, else in-cluster credentials, with the same
   TALKIDE_MASTER_KEYS and database settings as the server; docs/provisioning.md)
   talkide-controlplane help                 this text

@@ -192,12 +192,24 @@ func provisionCommand(ctx context.Context, name string, args []string, out io.Wr
 	return err
 }
 
-// printClusterRole prints the control plane's ClusterRole as YAML.
+// printClusterRole prints, as YAML documents, the control plane's
+// ClusterRole, the admission policy (with its binding) that confines it to
+// the namespaces it makes, and the one that keeps workers' Jobs
+// unprivileged: what an administrator installs with the control plane.
 func printClusterRole(out io.Writer) error {
-	b, err := yaml.Marshal(provision.ClusterRole())
-	if err != nil {
-		return err
+	pol, bind := provision.ScopePolicy()
+	jobs, jobsBind := provision.JobPolicy()
+	for i, obj := range []any{provision.ClusterRole(), pol, bind, jobs, jobsBind} {
+		b, err := yaml.Marshal(obj)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			fmt.Fprintln(out, "---")
+		}
+		if _, err := out.Write(b); err != nil {
+			return err
+		}
 	}
-	_, err = out.Write(b)
-	return err
+	return nil
 }

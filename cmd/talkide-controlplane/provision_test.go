@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,11 +107,19 @@ func TestClusterRoleCommand(t *testing.T) {
 	if _, err := command(context.Background(), []string{"clusterrole"}, &out, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
+	docs := strings.Split(out.String(), "\n---\n")
+	if len(docs) != 5 {
+		t.Fatalf("want the ClusterRole and two admission policies with their bindings; got %d documents:\n%s", len(docs), out.String())
+	}
 	var cr rbacv1.ClusterRole
-	if err := yaml.UnmarshalStrict(out.Bytes(), &cr); err != nil {
-		t.Fatalf("%v in %s", err, out.String())
+	if err := yaml.UnmarshalStrict([]byte(docs[0]), &cr); err != nil {
+		t.Fatalf("%v in %s", err, docs[0])
 	}
 	if cr.Kind != "ClusterRole" || cr.Name != provision.ClusterRoleName || !reflect.DeepEqual(cr.Rules, provision.ClusterRole().Rules) {
 		t.Fatalf("printed %+v", cr)
+	}
+	var pol admissionv1.ValidatingAdmissionPolicy
+	if err := yaml.UnmarshalStrict([]byte(docs[1]), &pol); err != nil || pol.Name != provision.ScopePolicyName || len(pol.Spec.Validations) == 0 {
+		t.Fatalf("scope policy %v: %s", err, docs[1])
 	}
 }

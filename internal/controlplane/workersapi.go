@@ -118,6 +118,7 @@ func (s *Server) writeProvisionResult(w http.ResponseWriter, st provision.Status
 	status := http.StatusOK
 	if st.Phase == provision.PhaseDeprovisioning {
 		status = http.StatusAccepted
+		w.Header().Set("Retry-After", "30")
 	}
 	httpapi.WriteJSON(w, status, st)
 	return nil
@@ -136,6 +137,8 @@ func provisionError(err error) error {
 		return httpapi.Wrap(http.StatusConflict, contract.ErrTypeConflict, pe.Error(), err)
 	case provision.ReasonNotProvisioned:
 		return httpapi.Wrap(http.StatusNotFound, contract.ErrTypeNotFound, pe.Message, err)
+	case provision.ReasonPolicyMissing:
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, pe.Message, err)
 	case provision.ReasonAPIError:
 		return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the Kubernetes API refused or could not be reached: "+pe.Message, err)
 	}

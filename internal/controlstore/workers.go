@@ -2,7 +2,9 @@ package controlstore
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"time"
 )
@@ -25,7 +27,10 @@ type WorkerRecord struct {
 	// LastError is the last reconcile's failure for this generation, "" when
 	// it succeeded.
 	LastError string
-	UpdatedAt time.Time
+	// IdentityJTI is the id of the identity token last written to the
+	// worker's Secret ("" before the first).
+	IdentityJTI string
+	UpdatedAt   time.Time
 }
 
 // SetWorkerDesired records that the tenant-env's worker should be present
@@ -62,7 +67,7 @@ func (db *DB) WorkerRecords(ctx context.Context) ([]WorkerRecord, error) {
 }
 
 func (db *DB) workerRecords(ctx context.Context, where string, args ...any) ([]WorkerRecord, error) {
-	rows, err := db.SQL.QueryContext(ctx, db.Q(`SELECT tenant, env, desired, generation, last_error, updated_at FROM workers `+where+` ORDER BY tenant, env`), args...)
+	rows, err := db.SQL.QueryContext(ctx, db.Q(`SELECT tenant, env, desired, generation, last_error, identity_jti, updated_at FROM workers `+where+` ORDER BY tenant, env`), args...)
 	if err != nil {
 		return nil, fmt.Errorf("read worker records: %w", err)
 	}
@@ -71,7 +76,7 @@ func (db *DB) workerRecords(ctx context.Context, where string, args ...any) ([]W
 	for rows.Next() {
 		var r WorkerRecord
 		var at int64
-		if err := rows.Scan(&r.Tenant, &r.Env, &r.Desired, &r.Generation, &r.LastError, &at); err != nil {
+		if err := rows.Scan(&r.Tenant, &r.Env, &r.Desired, &r.Generation, &r.LastError, &r.IdentityJTI, &at); err != nil {
 			return nil, fmt.Errorf("read worker records: %w", err)
 		}
 		r.UpdatedAt = time.UnixMilli(at).UTC()
@@ -154,4 +159,34 @@ func (db *DB) RetireIdentityToken(ctx context.Context, jti string, at time.Time)
 		return ErrNotFound
 	}
 	return nil
+}
+
+// SetWorkerIdentity records that the tenant-env's Secret now holds identity
+// token jti. ErrNotFound when there is no record.
+func (db *DB) SetWorkerIdentity(ctx context.Context, tenant, env, jti string) error {
+	res, err := db.SQL.ExecContext(ctx, db.Q(`UPDATE workers SET identity_jti = ? WHERE tenant = ? AND env = ?`), jti, tenant, env)
+	if err != nil {
+		return fmt.Errorf("record worker identity: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// InstallationID returns this database's installation id, made (random,
+// 16 hex digits) on first use.
+func (db *DB) InstallationID(ctx context.Context) (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO installation (name, value) VALUES ('installation_id', ?) ON CONFLICT (name) DO NOTHING`), hex.EncodeToString(b)); err != nil {
+		return "", fmt.Errorf("installation id: %w", err)
+	}
+	var id string
+	if err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT value FROM installation WHERE name = 'installation_id'`)).Scan(&id); err != nil {
+		return "", fmt.Errorf("installation id: %w", err)
+	}
+	return id, nil
 }

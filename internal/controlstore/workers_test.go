@@ -47,6 +47,22 @@ func testWorkerRecords(t *testing.T, db *DB) {
 	if err := db.DeleteWorkerRecord(ctx, "acme", "dev", g2); err != nil {
 		t.Fatal(err)
 	}
+	if err := db.SetWorkerIdentity(ctx, "acme", "prod", "j1"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := db.WorkerRecord(ctx, "acme", "prod"); rec.IdentityJTI != "j1" {
+		t.Errorf("identity jti %q", rec.IdentityJTI)
+	}
+	if err := db.SetWorkerIdentity(ctx, "acme", "nope", "j1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("identity of no record: %v", err)
+	}
+	id1, err := db.InstallationID(ctx)
+	if err != nil || len(id1) != 16 {
+		t.Fatalf("installation id %q %v", id1, err)
+	}
+	if id2, _ := db.InstallationID(ctx); id2 != id1 {
+		t.Errorf("installation id changed: %q then %q", id1, id2)
+	}
 	g3, _ := db.SetWorkerDesired(ctx, "acme", "prod", WorkerPresent, at)
 	if err := db.DeleteWorkerRecord(ctx, "acme", "prod", g3); !errors.Is(err, ErrNotFound) {
 		t.Errorf("deleted a record that wants its worker present: %v", err)

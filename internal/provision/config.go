@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"path"
 	"strings"
 	"time"
 
@@ -92,6 +94,10 @@ type Config struct {
 	// http://talkide-worker.{tenant}-{env}.svc.cluster.local:8080.
 	WorkerURLTemplate string
 	Logger            *slog.Logger
+
+	// installationID is the database's (controlstore InstallationID): set
+	// by New, part of every object's labels.
+	installationID string
 }
 
 // reserved are the worker settings the provisioner sets itself.
@@ -163,6 +169,16 @@ func (c *Config) Validate() error {
 	if c.HostUIDDir == "" {
 		c.HostUIDDir = "/run/talkide/uids"
 	}
+	if d := c.HostUIDDir; !path.IsAbs(d) || path.Clean(d) != d || !(strings.HasPrefix(d, "/run/") || strings.HasPrefix(d, "/var/lib/")) || strings.Count(d, "/") < 3 {
+		// It is a hostPath mounted writable into every worker pod: never
+		// the node's /, /etc or another system directory.
+		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_HOST_UID_DIR %q: want a clean absolute path at least two levels below /run/ or /var/lib/ (default /run/talkide/uids)", d))
+	}
+	for _, cidr := range append(append([]string{}, c.EgressCIDRs...), c.APIServerCIDRs...) {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			errs = append(errs, fmt.Errorf("TALKIDE_WORKER_EGRESS_CIDRS / TALKIDE_WORKER_APISERVER_CIDRS: %q is not a CIDR like 10.0.0.0/8", cidr))
+		}
+	}
 	if c.IdentityTTL <= 0 {
 		c.IdentityTTL = 90 * 24 * time.Hour
 	}
@@ -209,7 +225,9 @@ const (
 	ReasonDeprovisioning       = "Deprovisioning"
 	ReasonSuperseded           = "Superseded" // a later provision or deprovision took over
 	ReasonInvalid              = "Invalid"
-	ReasonAPIError             = "APIError" // the cluster refused or could not be reached
+	ReasonAPIError             = "APIError"        // the cluster refused or could not be reached
+	ReasonReconcileFailed      = "ReconcileFailed" // the worker runs, but the last reconcile failed (last_error)
+	ReasonPolicyMissing        = "PolicyMissing"   // the admission policy on workers' Jobs is not installed
 )
 
 // Error is a provisioning failure with its Reason.

@@ -114,6 +114,9 @@ func (p *K8sWorkerProvisioner) deleteNamespace(ctx context.Context, tenant, env 
 // retired ones, finishes deprovisions, and deletes namespaces it made that
 // no record wants (left by a control plane that died mid-way).
 func (p *K8sWorkerProvisioner) Run(ctx context.Context) {
+	if _, err := p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, ScopePolicyName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		p.cfg.Logger.Error("the ValidatingAdmissionPolicy " + ScopePolicyName + " is not installed: the control plane's ServiceAccount is not confined to the namespaces it makes (install `talkide-controlplane clusterrole`; docs/provisioning.md)")
+	}
 	t := time.NewTicker(p.cfg.Resync)
 	defer t.Stop()
 	for {
@@ -140,7 +143,7 @@ func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
 	for _, r := range recs {
 		if r.Desired == controlstore.WorkerPresent {
 			wanted[Namespace(r.Tenant, r.Env)+"\x00"+r.Tenant+"\x00"+r.Env] = true
-			if err := p.reconcile(ctx, r.Tenant, r.Env, r.Generation, false); err != nil {
+			if err := p.reconcile(ctx, r.Tenant, r.Env, r.Generation, false, 0); err != nil {
 				var pe *Error
 				if !errors.As(err, &pe) || pe.Reason != ReasonSuperseded {
 					errs = append(errs, fmt.Errorf("%s/%s: %w", r.Tenant, r.Env, err))
@@ -154,7 +157,7 @@ func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
 	}
 	// Namespaces this control plane made that no record wants.
 	list, err := p.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: k8slabels.SelectorFromSet(map[string]string{
-		LabelManagedBy: ManagedBy, LabelInstallation: p.cfg.Installation}).String()})
+		LabelManagedBy: ManagedBy, LabelInstallation: p.cfg.Installation, LabelInstallationID: p.cfg.installationID}).String()})
 	if err != nil {
 		return errors.Join(append(errs, apiError("list namespaces", err))...)
 	}

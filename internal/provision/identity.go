@@ -55,6 +55,14 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 			}
 			p.cfg.Logger.Info("identity token issued", "tenant", tenant, "env", env, "jti", jti)
 			current = jti
+			// A Secret deleted behind the provisioner's back: the token
+			// it held is still mounted in the running pods, so it gets
+			// the grace a rotation gives, not an orphan's end.
+			if rec, err := p.store.WorkerRecord(ctx, tenant, env); err == nil && rec.IdentityJTI != "" && rec.IdentityJTI != jti {
+				if err := p.store.RetireIdentityToken(ctx, rec.IdentityJTI, p.now().Add(p.cfg.Grace)); err == nil {
+					p.cfg.Logger.Info("identity token retiring (its Secret was deleted)", "tenant", tenant, "env", env, "jti", rec.IdentityJTI)
+				}
+			}
 			break
 		}
 		if err != nil {
@@ -106,6 +114,9 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 		}
 		current = oldClaims.ID
 		break
+	}
+	if err := p.store.SetWorkerIdentity(ctx, tenant, env, current); err != nil && !errors.Is(err, controlstore.ErrNotFound) {
+		return "", err
 	}
 	if err := p.retireTokens(ctx, tenant, env, current); err != nil {
 		return "", err

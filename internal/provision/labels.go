@@ -16,6 +16,11 @@ const (
 	// database) that made an object: two installations sharing a cluster
 	// never adopt or remove each other's workers.
 	LabelInstallation = "talkide.dev/installation"
+	// LabelInstallationID is the id of the control-plane database whose
+	// records an object answers to: a control plane with another database
+	// (a second installation, a restored or empty one) never adopts or
+	// removes it.
+	LabelInstallationID = "talkide.dev/installation-id"
 )
 
 // Names of the worker's objects in its namespace.
@@ -37,14 +42,15 @@ func Namespace(tenant, env string) string { return tenant + "-" + env }
 func (c *Config) labels(tenant, env string) map[string]string {
 	return map[string]string{
 		LabelManagedBy: ManagedBy, LabelPartOf: PartOf, LabelName: WorkerName,
-		LabelTenant: tenant, LabelEnv: env, LabelInstallation: c.Installation,
+		LabelTenant: tenant, LabelEnv: env, LabelInstallation: c.Installation, LabelInstallationID: c.installationID,
 	}
 }
 
 // ownedBy reports whether labels l mark an object of this installation's
 // tenant-env.
 func (c *Config) ownedBy(l map[string]string, tenant, env string) bool {
-	return l[LabelManagedBy] == ManagedBy && l[LabelInstallation] == c.Installation && l[LabelTenant] == tenant && l[LabelEnv] == env
+	return l[LabelManagedBy] == ManagedBy && l[LabelInstallation] == c.Installation && l[LabelInstallationID] == c.installationID &&
+		l[LabelTenant] == tenant && l[LabelEnv] == env
 }
 
 // selector is the label selector of the worker's pods.

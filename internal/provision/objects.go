@@ -255,3 +255,37 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 		},
 	}
 }
+
+// JobsNetworkPolicyName names the NetworkPolicy of every other pod of the
+// namespace (the worker's build Jobs).
+const JobsNetworkPolicyName = "talkide-jobs"
+
+// jobsNetworkPolicyObject covers every pod of the namespace that is not the
+// worker: nothing may reach it, and it reaches only DNS and the operator's
+// EgressCIDRs (a package mirror, say), never the control plane, the API
+// server or the worker.
+func jobsNetworkPolicyObject(c *Config, tenant, env string) *networkingv1.NetworkPolicy {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	dns := intstr.FromInt32(53)
+	egress := []networkingv1.NetworkPolicyEgressRule{{
+		To: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+		}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}},
+	}}
+	if r := cidrRule(c.EgressCIDRs); r != nil {
+		egress = append(egress, *r)
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: meta(c, tenant, env, JobsNetworkPolicyName),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: LabelName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{WorkerName}},
+			}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Egress:      egress,
+		},
+	}
+}

@@ -17,7 +17,12 @@ const JobPolicyName = "talkide-worker-jobs"
 // its node. This policy, matched to requests of every talkide-worker
 // ServiceAccount in the provisioner's namespaces, refuses such Jobs: a
 // worker's Jobs get what "baseline" gives, no more.
-func jobPolicyObjects(c *Config) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
+//
+// JobPolicy is installed by an administrator with ClusterRole and
+// ScopePolicy (`talkide-controlplane clusterrole`); a provisioner with
+// rights to admission policies (an administrator's kubeconfig) applies it
+// itself, and one without refuses to provision until it exists.
+func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
 	const spec = "object.spec.template.spec"
 	containers := "(" + spec + ".containers + (has(" + spec + ".initContainers) ? " + spec + ".initContainers : []))"
 	forbidden := ptr.To(metav1.StatusReasonForbidden)
@@ -26,13 +31,30 @@ func jobPolicyObjects(c *Config) (*admissionv1.ValidatingAdmissionPolicy, *admis
 		{Expression: "!has(" + spec + ".hostPID) || !" + spec + ".hostPID", Message: "a worker's Job may not use the node's PID namespace"},
 		{Expression: "!has(" + spec + ".hostIPC) || !" + spec + ".hostIPC", Message: "a worker's Job may not use the node's IPC namespace"},
 		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, !has(v.hostPath))", Message: "a worker's Job may not mount a hostPath"},
-		{Expression: "!has(" + spec + ".securityContext) || !has(" + spec + ".securityContext.seccompProfile) || " + spec + ".securityContext.seccompProfile.type != 'Unconfined'",
-			Message: "a worker's Job may not run without seccomp"},
+		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, (!has(v.secret) || v.secret.secretName != '" + SecretName + "') && " +
+			"(!has(v.projected) || !has(v.projected.sources) || v.projected.sources.all(x, !has(x.secret) || x.secret.name != '" + SecretName + "')))",
+			Message: "a worker's Job may not mount the worker's own Secret"},
+		{Expression: containers + ".all(c, (!has(c.env) || c.env.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name != '" + SecretName + "')) && " +
+			"(!has(c.envFrom) || c.envFrom.all(e, !has(e.secretRef) || e.secretRef.name != '" + SecretName + "')))",
+			Message: "a worker's Job may not read the worker's own Secret"},
+		{Expression: "!has(" + spec + ".nodeName) || " + spec + ".nodeName == ''", Message: "a worker's Job may not pick its node (nodeName)"},
+		{Expression: "!has(" + spec + ".priorityClassName) || " + spec + ".priorityClassName == ''", Message: "a worker's Job may not set a priority class (it could preempt other tenants' workers)"},
+		{Expression: "!has(" + spec + ".tolerations) || " + spec + ".tolerations.all(t, has(t.key) && t.key != '' && !t.key.startsWith('node.kubernetes.io/') && !t.key.startsWith('node-role.kubernetes.io/'))",
+			Message: "a worker's Job may not tolerate every taint, nor the taints of unhealthy or control-plane nodes"},
+		{Expression: "!has(" + spec + ".securityContext) || ((!has(" + spec + ".securityContext.seccompProfile) || " + spec + ".securityContext.seccompProfile.type != 'Unconfined') && " +
+			"(!has(" + spec + ".securityContext.appArmorProfile) || " + spec + ".securityContext.appArmorProfile.type != 'Unconfined') && " +
+			"(!has(" + spec + ".securityContext.seLinuxOptions) || !has(" + spec + ".securityContext.seLinuxOptions.type) || " + spec + ".securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']) && " +
+			"(!has(" + spec + ".securityContext.sysctls) || " + spec + ".securityContext.sysctls.all(x, x.name in ['kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range', 'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies', 'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports', 'net.ipv4.tcp_keepalive_time', 'net.ipv4.tcp_fin_timeout', 'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'])))",
+			Message: "a worker's Job may not run without seccomp or AppArmor, with another SELinux type, or with unsafe sysctls"},
+		{Expression: "!has(object.spec.template.metadata) || !has(object.spec.template.metadata.annotations) || object.spec.template.metadata.annotations.all(k, !k.startsWith('container.apparmor.security.beta.kubernetes.io/') || object.spec.template.metadata.annotations[k] != 'unconfined')",
+			Message: "a worker's Job may not run without AppArmor"},
 		{Expression: containers + ".all(c, !has(c.securityContext) || ((!has(c.securityContext.privileged) || !c.securityContext.privileged) && " +
 			"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'])) && " +
 			"(!has(c.securityContext.procMount) || c.securityContext.procMount == 'Default') && " +
-			"(!has(c.securityContext.seccompProfile) || c.securityContext.seccompProfile.type != 'Unconfined')))",
-			Message: "a worker's Job may not run privileged containers, add capabilities beyond Pod Security's baseline, unmask /proc or run without seccomp"},
+			"(!has(c.securityContext.seccompProfile) || c.securityContext.seccompProfile.type != 'Unconfined') && " +
+			"(!has(c.securityContext.appArmorProfile) || c.securityContext.appArmorProfile.type != 'Unconfined') && " +
+			"(!has(c.securityContext.seLinuxOptions) || !has(c.securityContext.seLinuxOptions.type) || c.securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t'])))",
+			Message: "a worker's Job may not run privileged containers, add capabilities beyond Pod Security's baseline, unmask /proc, run without seccomp or AppArmor, or with another SELinux type"},
 		{Expression: containers + ".all(c, !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))", Message: "a worker's Job may not use host ports"},
 	}
 	for i := range validations {
@@ -50,8 +72,9 @@ func jobPolicyObjects(c *Config) (*admissionv1.ValidatingAdmissionPolicy, *admis
 				}}},
 			},
 			MatchConditions: []admissionv1.MatchCondition{{
-				Name:       "by-a-worker",
-				Expression: "request.userInfo.username.startsWith('system:serviceaccount:') && request.userInfo.username.endsWith(':" + WorkerName + "')",
+				Name: "by-a-worker-or-the-control-plane",
+				Expression: "request.userInfo.username.startsWith('system:serviceaccount:') && (request.userInfo.username.endsWith(':" + WorkerName + "') || " +
+					"request.userInfo.username.endsWith(':" + ControlPlaneServiceAccount + "'))",
 			}},
 			Validations: validations,
 		},
@@ -66,6 +89,54 @@ func jobPolicyObjects(c *Config) (*admissionv1.ValidatingAdmissionPolicy, *admis
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}},
 			},
 		},
+	}
+	return pol, bind
+}
+
+// ScopePolicyName names the ValidatingAdmissionPolicy (and its binding)
+// that confines the control plane's writes to its own namespaces.
+const ScopePolicyName = "talkide-controlplane-scope"
+
+// ScopePolicy confines what a ServiceAccount named talkide-controlplane
+// may change (RBAC cannot: it grants a verb on a resource in every
+// namespace or by name only): objects only in namespaces labelled as the
+// provisioner's; namespaces it may create, but change or delete only its
+// own. Install it with ClusterRole and JobPolicy, by an administrator: the
+// control plane may not change admission policies (Kubernetes does not
+// subject those to admission, so only RBAC guards them). Reads are not
+// admission-controlled; ClusterRole keeps those narrow.
+func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
+	managed := func(o string) string {
+		return o + " != null && has(" + o + ".metadata.labels) && '" + LabelManagedBy + "' in " + o + ".metadata.labels && " + o + ".metadata.labels['" + LabelManagedBy + "'] == '" + ManagedBy + "'"
+	}
+	forbidden := ptr.To(metav1.StatusReasonForbidden)
+	pol := &admissionv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: ScopePolicyName, Labels: map[string]string{LabelPartOf: PartOf}},
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionv1.Fail),
+			MatchConstraints: &admissionv1.MatchResources{
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{RuleWithOperations: admissionv1.RuleWithOperations{
+					Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect},
+					Rule:       admissionv1.Rule{APIGroups: []string{"*"}, APIVersions: []string{"*"}, Resources: []string{"*/*"}},
+				}}},
+			},
+			MatchConditions: []admissionv1.MatchCondition{{
+				Name:       "by-the-control-plane",
+				Expression: "request.userInfo.username.startsWith('system:serviceaccount:') && request.userInfo.username.endsWith(':" + ControlPlaneServiceAccount + "')",
+			}},
+			Validations: []admissionv1.Validation{
+				{Expression: "request.resource.resource == 'namespaces' || request.namespace == '' || (" + managed("namespaceObject") + ")", Reason: forbidden,
+					Message: "the TalkIDE control plane may change objects only in the namespaces it made"},
+				{Expression: "request.resource.resource != 'namespaces' || request.operation == 'CREATE' || (" + managed("oldObject") + " && (request.operation == 'DELETE' || " + managed("object") + "))",
+					Reason: forbidden, Message: "the TalkIDE control plane may change or delete only the namespaces it made"},
+			},
+		},
+	}
+	bind := &admissionv1.ValidatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: ScopePolicyName, Labels: map[string]string{LabelPartOf: PartOf}},
+		Spec:       admissionv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: ScopePolicyName, ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny}},
 	}
 	return pol, bind
 }

@@ -672,3 +672,60 @@ func mintCode(t *testing.T, h http.Handler, tok string) int {
 	h.ServeHTTP(rec, req)
 	return rec.Code
 }
+
+// A second control plane with another database (an empty or restored one,
+// configured with the same installation name) neither removes nor adopts
+// the first one's workers: they carry the first database's id.
+func TestAnotherDatabaseLeavesTheWorkersAlone(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	tn := r.tenant()
+	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	other := newRig(t, func(c *provision.Config) { c.Installation = r.cfg.Installation })
+	if err := other.p.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := r.kube.CoreV1().Namespaces().Get(ctx, tn+"-dev", metav1.GetOptions{})
+	if err != nil || ns.DeletionTimestamp != nil {
+		t.Fatalf("the other database's resync touched the namespace: %v %v", err, ns.DeletionTimestamp)
+	}
+	if _, err := other.p.Provision(ctx, tn, "dev"); reasonOf(err) != provision.ReasonNamespaceConflict {
+		t.Fatalf("provision from another database: %v, want NamespaceConflict", err)
+	}
+	if _, err := other.p.Deprovision(ctx, tn, "dev"); reasonOf(err) != provision.ReasonNamespaceConflict {
+		t.Fatalf("deprovision from another database: %v, want NamespaceConflict", err)
+	}
+	r.waitPhase(tn, "dev", provision.PhaseReady)
+}
+
+// A Secret deleted behind the provisioner's back is made again with a new
+// token, and the token the running pods still have mounted keeps its grace.
+func TestDeletedSecretKeepsTheMountedTokenForItsGrace(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	tn := r.tenant()
+	ns := tn + "-dev"
+	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	mounted := secretToken(t, r.kube, ns)
+	if err := r.kube.CoreV1().Secrets(ns).Delete(ctx, provision.SecretName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.p.SetOrphanAge(0) // an orphan would be revoked at once
+	if err := r.p.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if fresh := secretToken(t, r.kube, ns); fresh == mounted || !r.identityValid(fresh) {
+		t.Fatal("the Secret was not made again with a new valid token")
+	}
+	if !r.identityValid(mounted) {
+		t.Fatal("the token still mounted in the pods was revoked without a grace")
+	}
+	st, _ := r.p.Status(ctx, tn, "dev")
+	if st.Identity == nil || len(st.Identity.Retiring) != 1 {
+		t.Fatalf("status: %+v", st.Identity)
+	}
+}

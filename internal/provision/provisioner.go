@@ -37,6 +37,8 @@ type Store interface {
 	LiveIdentityTokens(ctx context.Context, tenant, env string) ([]controlstore.IdentityToken, error)
 	RetireIdentityToken(ctx context.Context, jti string, at time.Time) error
 	RevokeIdentityToken(ctx context.Context, jti string, at time.Time) error
+	SetWorkerIdentity(ctx context.Context, tenant, env, jti string) error
+	InstallationID(ctx context.Context) (string, error)
 }
 
 var _ Store = (*controlstore.DB)(nil)
@@ -93,6 +95,11 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 	if len(masters) == 0 {
 		return nil, errors.New("provision: no master key")
 	}
+	id, err := store.InstallationID(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	cfg.installationID = id
 	var idKeys []token.Key
 	for _, m := range masters {
 		idKeys = append(idKeys, m.Derive(token.PurposeIdentity, "", ""))
@@ -147,7 +154,7 @@ func (p *K8sWorkerProvisioner) Provision(ctx context.Context, tenant, env string
 	if err != nil {
 		return Status{}, err
 	}
-	err = p.reconcile(ctx, tenant, env, gen, false)
+	err = p.reconcile(ctx, tenant, env, gen, false, p.cfg.TerminatingWait)
 	st, serr := p.Status(ctx, tenant, env)
 	if err != nil {
 		return st, err
@@ -169,7 +176,7 @@ func (p *K8sWorkerProvisioner) RotateIdentity(ctx context.Context, tenant, env s
 	if err != nil {
 		return Status{}, err
 	}
-	if err := p.reconcile(ctx, tenant, env, rec.Generation, true); err != nil {
+	if err := p.reconcile(ctx, tenant, env, rec.Generation, true, p.cfg.TerminatingWait); err != nil {
 		st, _ := p.Status(ctx, tenant, env)
 		return st, err
 	}
@@ -177,8 +184,10 @@ func (p *K8sWorkerProvisioner) RotateIdentity(ctx context.Context, tenant, env s
 }
 
 // reconcile applies every object of generation gen. forceRotate replaces
-// the identity token even when it is far from expiry.
-func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, forceRotate bool) error {
+// the identity token even when it is far from expiry; wait bounds the wait
+// for a namespace or claim still being deleted (0 in the resync, so one
+// stuck worker does not hold up the others).
+func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, forceRotate bool, wait time.Duration) error {
 	l := p.keyLock(tenant, env)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -192,7 +201,7 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 		l.cancel = nil
 		p.mu.Unlock()
 	}()
-	err := p.apply(ctx, tenant, env, gen, forceRotate)
+	err := p.apply(ctx, tenant, env, gen, forceRotate, wait)
 	if err != nil && ctx.Err() != nil {
 		// Cancelled by a deprovision (or the caller): say why.
 		if cur, rerr := p.current(context.WithoutCancel(ctx), tenant, env, gen); rerr == nil && !cur {
@@ -226,7 +235,7 @@ func (p *K8sWorkerProvisioner) current(ctx context.Context, tenant, env string, 
 	return rec.Desired == controlstore.WorkerPresent && rec.Generation == gen, nil
 }
 
-func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, forceRotate bool) error {
+func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, forceRotate bool, wait time.Duration) error {
 	ns := Namespace(tenant, env)
 	stillCurrent := func() error {
 		ok, err := p.current(ctx, tenant, env, gen)
@@ -238,7 +247,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 		}
 		return nil
 	}
-	if err := p.waitNamespace(ctx, tenant, env); err != nil {
+	if err := p.waitNamespace(ctx, tenant, env, wait); err != nil {
 		return err
 	}
 	if err := stillCurrent(); err != nil {
@@ -276,7 +285,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := p.step(ctx, tenant, env, "secret"); err != nil {
 		return err
 	}
-	if err := p.ensurePVC(ctx, tenant, env); err != nil {
+	if err := p.ensurePVC(ctx, tenant, env, wait); err != nil {
 		return err
 	}
 	if err := p.step(ctx, tenant, env, "pvc"); err != nil {
@@ -286,7 +295,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err != nil {
 		return err
 	}
-	for _, obj := range []any{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer)} {
+	for _, obj := range []any{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer), jobsNetworkPolicyObject(&p.cfg, tenant, env)} {
 		if err := p.applyObject(ctx, obj); err != nil {
 			return err
 		}
@@ -367,9 +376,9 @@ func apiError(what string, err error) error {
 // waitNamespace checks the tenant-env's namespace: absent or this
 // tenant-env's is fine; one being deleted is waited for, at most
 // Config.TerminatingWait; anyone else's is a conflict.
-func (p *K8sWorkerProvisioner) waitNamespace(ctx context.Context, tenant, env string) error {
+func (p *K8sWorkerProvisioner) waitNamespace(ctx context.Context, tenant, env string, wait time.Duration) error {
 	name := Namespace(tenant, env)
-	deadline := p.now().Add(p.cfg.TerminatingWait)
+	deadline := p.now().Add(wait)
 	for {
 		ns, err := p.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -386,7 +395,7 @@ func (p *K8sWorkerProvisioner) waitNamespace(ctx context.Context, tenant, env st
 			return nil
 		}
 		if !p.now().Before(deadline) {
-			return &Error{Reason: ReasonNamespaceTerminating, Message: terminatingMessage(ns, p.now()) + "; provisioning is retried every " + p.cfg.Resync.String()}
+			return &Error{Reason: ReasonNamespaceTerminating, Message: terminatingMessage(ns, p.now()) + "; provisioning is retried each resync"}
 		}
 		if err := sleep(ctx, 500*time.Millisecond); err != nil {
 			return err
@@ -410,9 +419,9 @@ func terminatingMessage(ns *corev1.Namespace, now time.Time) string {
 // claim still being deleted (a previous deprovision's) is waited for at
 // most Config.TerminatingWait: a new worker must not start on the old
 // volume while it goes, nor fail later because it went.
-func (p *K8sWorkerProvisioner) ensurePVC(ctx context.Context, tenant, env string) error {
+func (p *K8sWorkerProvisioner) ensurePVC(ctx context.Context, tenant, env string, wait time.Duration) error {
 	ns := Namespace(tenant, env)
-	deadline := p.now().Add(p.cfg.TerminatingWait)
+	deadline := p.now().Add(wait)
 	for {
 		pvc, err := p.kube.CoreV1().PersistentVolumeClaims(ns).Get(ctx, PVCName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -432,8 +441,9 @@ func (p *K8sWorkerProvisioner) ensurePVC(ctx context.Context, tenant, env string
 			return nil
 		}
 		if !p.now().Before(deadline) {
-			return &Error{Reason: ReasonPVCTerminating, Message: fmt.Sprintf("PersistentVolumeClaim %s/%s from before is still being deleted (for %s; finalizers %v); the new worker waits for it to go; provisioning is retried every %s",
-				ns, PVCName, p.now().Sub(pvc.DeletionTimestamp.Time).Round(time.Second), pvc.Finalizers, p.cfg.Resync)}
+			return &Error{Reason: ReasonPVCTerminating, Message: fmt.Sprintf("PersistentVolumeClaim %s/%s is being deleted (for %s; finalizers %v): a new worker must not start on a volume that is going away; "+
+				"kubernetes.io/pvc-protection holds it while a pod (the old worker's) uses it: deprovision, or delete that Deployment, for it to go; provisioning is retried each resync",
+				ns, PVCName, p.now().Sub(pvc.DeletionTimestamp.Time).Round(time.Second), pvc.Finalizers)}
 		}
 		if err := sleep(ctx, 500*time.Millisecond); err != nil {
 			return err
@@ -470,8 +480,10 @@ func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, er
 	return out, nil
 }
 
-// ensureJobPolicy applies the cluster-wide policy on workers' Jobs
-// (policy.go), at most once per Config.Resync.
+// ensureJobPolicy makes sure the cluster-wide policy on workers' Jobs
+// (JobPolicy) is in force, at most once per Config.Resync: it applies it
+// where it may (an administrator's credentials), else checks that an
+// administrator installed it; without it no worker is provisioned.
 func (p *K8sWorkerProvisioner) ensureJobPolicy(ctx context.Context) error {
 	p.mu.Lock()
 	fresh := !p.policyApplied.IsZero() && p.now().Sub(p.policyApplied) < p.cfg.Resync
@@ -479,11 +491,26 @@ func (p *K8sWorkerProvisioner) ensureJobPolicy(ctx context.Context) error {
 	if fresh {
 		return nil
 	}
-	pol, bind := jobPolicyObjects(&p.cfg)
-	if err := p.applyObject(ctx, pol); err != nil {
-		return err
+	pol, bind := JobPolicy()
+	err := p.applyObject(ctx, pol)
+	if err == nil {
+		err = p.applyObject(ctx, bind)
 	}
-	if err := p.applyObject(ctx, bind); err != nil {
+	if err != nil && apierrors.IsForbidden(errors.Unwrap(err)) {
+		// The control plane's own ClusterRole may only read it.
+		_, gerr := p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, JobPolicyName, metav1.GetOptions{})
+		if gerr == nil {
+			_, gerr = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, JobPolicyName, metav1.GetOptions{})
+		}
+		if apierrors.IsNotFound(gerr) {
+			return &Error{Reason: ReasonPolicyMissing, Message: "the ValidatingAdmissionPolicy " + JobPolicyName + " (and its binding), which keeps workers' Jobs unprivileged, is not installed: install the manifests `talkide-controlplane clusterrole` prints", Err: gerr}
+		}
+		err = nil
+		if gerr != nil {
+			err = apiError("read ValidatingAdmissionPolicy "+JobPolicyName, gerr)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	p.mu.Lock()

@@ -17,41 +17,62 @@ func WorkerRules() []rbacv1.PolicyRule {
 	}
 }
 
-// ClusterRoleName is the name of the control plane's ClusterRole.
+// ClusterRoleName is the name of the control plane's ClusterRole, and of
+// the ServiceAccount it is meant for (ControlPlaneServiceAccount).
 const ClusterRoleName = "talkide-controlplane"
+
+// ControlPlaneServiceAccount is the name the control plane's
+// ServiceAccount must have: ScopePolicy and the Job policy match requests
+// of ServiceAccounts of this name.
+const ControlPlaneServiceAccount = "talkide-controlplane"
 
 // ClusterRole is what the control plane's ServiceAccount needs for the
 // K8sWorkerProvisioner, bound with a ClusterRoleBinding: the one written
-// definition of it (the Helm chart renders it from
-// `talkide-controlplane clusterrole`).
+// definition of it (`talkide-controlplane clusterrole` prints it with
+// ScopePolicy; the Helm chart renders them). Install ScopePolicy with it:
+// RBAC cannot say "only in the provisioner's namespaces", the policy does.
 //
 // Why each rule:
-//   - namespaces: create, read, update the labels of, and delete the
-//     tenant-env namespaces (deleting one removes all of a worker).
-//   - secrets, serviceaccounts, services, persistentvolumeclaims,
-//     deployments, roles, rolebindings, networkpolicies: the worker's
-//     objects in its namespace (server-side apply is a patch).
-//   - pods, events: read only, for the reason a worker is not ready.
+//   - namespaces: make, relabel and delete the tenant-env namespaces
+//     (ScopePolicy: only those labelled as the provisioner's may be
+//     changed or deleted). Deleting one removes all of a worker.
+//   - the worker's objects (Secret talkide-worker-token; ServiceAccount,
+//     Role, RoleBinding, Deployment, Service, NetworkPolicy talkide-worker;
+//     PVC claude-sessions): create (RBAC cannot limit it by name;
+//     ScopePolicy limits it to the provisioner's namespaces), and read or
+//     change only those names: no other Secret anywhere can be read.
+//   - pods, events: read, for the reason a worker is not ready.
 //   - endpoints "kubernetes" (get): where the API server is, for the
 //     worker's NetworkPolicy.
-//   - validatingadmissionpolicies and their bindings: create, and patch
-//     only talkide-worker-jobs, the policy that keeps workers' Jobs
-//     unprivileged (policy.go).
+//   - validatingadmissionpolicies and their bindings: read
+//     talkide-worker-jobs and talkide-controlplane-scope (checked before
+//     provisioning and at start); an administrator installs them.
 //   - WorkerRules again: Kubernetes lets a subject grant in a Role only
-//     rights it holds itself (no "escalate"/"bind" verbs are asked for).
+//     rights it holds itself (no "escalate"/"bind" verbs are asked for);
+//     their writes are confined by ScopePolicy, their reads are not.
 func ClusterRole() *rbacv1.ClusterRole {
-	manage := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+	named := func(group, resource, name string, verbs ...string) rbacv1.PolicyRule {
+		return rbacv1.PolicyRule{APIGroups: []string{group}, Resources: []string{resource}, ResourceNames: []string{name}, Verbs: verbs}
+	}
+	change := []string{"get", "update", "patch", "delete"}
 	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: manage},
-		{APIGroups: []string{""}, Resources: []string{"secrets", "serviceaccounts", "services", "persistentvolumeclaims"}, Verbs: manage},
-		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: manage},
-		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"roles", "rolebindings"}, Verbs: manage},
-		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: manage},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets", "serviceaccounts", "services", "persistentvolumeclaims"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"roles", "rolebindings"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create"}},
+		named("", "secrets", SecretName, change...),
+		named("", "serviceaccounts", WorkerName, change...),
+		named("", "services", WorkerName, change...),
+		named("", "persistentvolumeclaims", PVCName, "get"),
+		named("apps", "deployments", WorkerName, change...),
+		named("rbac.authorization.k8s.io", "roles", WorkerName, change...),
+		named("rbac.authorization.k8s.io", "rolebindings", WorkerName, change...),
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, ResourceNames: []string{WorkerName, JobsNetworkPolicyName}, Verbs: change},
 		{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"endpoints"}, ResourceNames: []string{"kubernetes"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"}, Verbs: []string{"create"}},
+		named("", "endpoints", "kubernetes", "get"),
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
-			ResourceNames: []string{JobPolicyName}, Verbs: []string{"get", "patch", "update"}},
+			ResourceNames: []string{JobPolicyName, ScopePolicyName}, Verbs: []string{"get"}},
 	}
 	rules = append(rules, WorkerRules()...)
 	return &rbacv1.ClusterRole{

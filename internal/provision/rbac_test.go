@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,8 +26,9 @@ import (
 func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
+	installScopePolicy(t, r)
 	cpNS := r.cluster.Namespace(t)
-	kube := r.serviceAccountWith(t, cpNS, "cp", provision.ClusterRole().Rules)
+	kube := r.serviceAccountWith(t, cpNS, provision.ControlPlaneServiceAccount, provision.ClusterRole().Rules)
 	p := r.another(kube)
 	tn := r.tenant()
 	if _, err := p.Provision(ctx, tn, "dev"); err != nil {
@@ -37,6 +40,34 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 	}
 	if _, err := p.RotateIdentity(ctx, tn, "dev"); err != nil {
 		t.Fatal(err)
+	}
+
+	// Outside the namespaces it made, it can read no Secret and change
+	// nothing: the escalation through a ServiceAccount token Secret in
+	// kube-system, deleting a namespace, or a new admission policy.
+	foreign := r.cluster.Namespace(t)
+	tokenSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: provision.SecretName,
+		Annotations: map[string]string{corev1.ServiceAccountNameKey: "clusterrole-aggregation-controller"}}, Type: corev1.SecretTypeServiceAccountToken}
+	denied := map[string]error{}
+	_, denied["create a token Secret in kube-system"] = kube.CoreV1().Secrets("kube-system").Create(ctx, tokenSecret, metav1.CreateOptions{})
+	_, denied["read a Secret of another name"] = kube.CoreV1().Secrets("kube-system").Get(ctx, "anything", metav1.GetOptions{})
+	_, denied["list Secrets"] = kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	denied["delete a namespace it did not make"] = kube.CoreV1().Namespaces().Delete(ctx, foreign, metav1.DeleteOptions{})
+	// (valid objects: the API server validates them before admission)
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: provision.WorkerName}, Spec: appsv1.DeploymentSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "b"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}}}}}
+	_, denied["create a Deployment elsewhere"] = kube.AppsV1().Deployments(foreign).Create(ctx, dep, metav1.CreateOptions{})
+	_, denied["create a Role elsewhere"] = kube.RbacV1().Roles(foreign).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: provision.WorkerName}}, metav1.CreateOptions{})
+	other, _ := provision.ScopePolicy()
+	other.Name = "deny-all"
+	_, denied["create an admission policy"] = kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, other, metav1.CreateOptions{})
+	_, denied["change the policy that confines it"] = kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Update(ctx, other, metav1.UpdateOptions{})
+	for what, err := range denied {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: %v, want Forbidden", what, err)
+		}
 	}
 	if _, err := p.Deprovision(ctx, tn, "dev"); err != nil {
 		t.Fatal(err)
@@ -50,11 +81,42 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 			less = append(less, rule)
 		}
 	}
-	p2 := r.another(r.serviceAccountWith(t, cpNS, "cp-less", less))
+	p2 := r.another(r.serviceAccountWith(t, r.cluster.Namespace(t), provision.ControlPlaneServiceAccount, less))
 	var pe *provision.Error
 	if _, err := p2.Provision(ctx, r.tenant(), "dev"); !errors.As(err, &pe) || !apierrors.IsForbidden(pe.Err) {
 		t.Fatalf("provision without the Jobs rule: %v, want Forbidden", err)
 	}
+}
+
+// installScopePolicy installs the policy confining the control plane, as
+// an administrator does with the ClusterRole, and waits until the API
+// server enforces it.
+func installScopePolicy(t *testing.T, r *rig) {
+	t.Helper()
+	ctx := context.Background()
+	adm := r.kube.AdmissionregistrationV1()
+	for _, f := range []func() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding){provision.ScopePolicy, provision.JobPolicy} {
+		pol, bind := f()
+		if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, pol, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if _, err := adm.ValidatingAdmissionPolicyBindings().Create(ctx, bind, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	// A probe ServiceAccount of the control plane's name, allowed to make
+	// ConfigMaps anywhere: refused once the policy is in force.
+	probeNS := r.cluster.Namespace(t)
+	probe := r.serviceAccountWith(t, probeNS, provision.ControlPlaneServiceAccount, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "delete"}}})
+	r.waitFor("the scope policy to be enforced", 30*time.Second, func() (bool, error) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "probe"}}
+		_, err := probe.CoreV1().ConfigMaps(probeNS).Create(ctx, cm, metav1.CreateOptions{})
+		if err == nil {
+			probe.CoreV1().ConfigMaps(probeNS).Delete(ctx, "probe", metav1.DeleteOptions{})
+			return false, errors.New("created")
+		}
+		return apierrors.IsForbidden(err), err
+	})
 }
 
 // serviceAccountWith makes ServiceAccount ns/name bound cluster-wide to a
@@ -187,6 +249,24 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 		},
 		"hostPort": func(s *corev1.PodSpec) {
 			s.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, HostPort: 80}}
+		},
+		"AppArmor unconfined": func(s *corev1.PodSpec) {
+			s.Containers[0].SecurityContext = &corev1.SecurityContext{AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}}
+		},
+		"SELinux spc_t": func(s *corev1.PodSpec) {
+			s.SecurityContext = &corev1.PodSecurityContext{SELinuxOptions: &corev1.SELinuxOptions{Type: "spc_t"}}
+		},
+		"unsafe sysctl": func(s *corev1.PodSpec) {
+			s.SecurityContext = &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "kernel.core_pattern", Value: "|/x"}}}
+		},
+		"nodeName":      func(s *corev1.PodSpec) { s.NodeName = "fake-node-0" },
+		"priorityClass": func(s *corev1.PodSpec) { s.PriorityClassName = "system-node-critical" },
+		"tolerate-all":  func(s *corev1.PodSpec) { s.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}} },
+		"its own Secret": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: provision.SecretName}}}}
+		},
+		"its own Secret in env": func(s *corev1.PodSpec) {
+			s.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: provision.SecretName}}}}
 		},
 	}
 	evilJob := func(name string, mutate func(*corev1.PodSpec)) *batchv1.Job {

@@ -79,7 +79,7 @@ func (p *K8sWorkerProvisioner) Status(ctx context.Context, tenant, env string) (
 		WorkerURL: strings.NewReplacer("{tenant}", tenant, "{env}", env).Replace(p.cfg.WorkerURLTemplate)}
 	fail := func(err error) (Status, error) {
 		st.Phase, st.Reason, st.Message = PhaseFailed, ReasonAPIError, err.Error()
-		return st, err
+		return st, &Error{Reason: ReasonAPIError, Message: "read the worker's objects: " + err.Error(), Err: err}
 	}
 	rec, err := p.store.WorkerRecord(ctx, tenant, env)
 	switch {
@@ -144,6 +144,10 @@ func (p *K8sWorkerProvisioner) observeObjects(ctx context.Context, st *Status) e
 		{"Service", WorkerName, func() error { _, err := core.Services(ns).Get(ctx, WorkerName, metav1.GetOptions{}); return err }},
 		{"NetworkPolicy", WorkerName, func() error {
 			_, err := p.kube.NetworkingV1().NetworkPolicies(ns).Get(ctx, WorkerName, metav1.GetOptions{})
+			return err
+		}},
+		{"NetworkPolicy", JobsNetworkPolicyName, func() error {
+			_, err := p.kube.NetworkingV1().NetworkPolicies(ns).Get(ctx, JobsNetworkPolicyName, metav1.GetOptions{})
 			return err
 		}},
 	}
@@ -235,6 +239,10 @@ func (p *K8sWorkerProvisioner) deploymentPhase(ctx context.Context, st *Status, 
 	if dep.Status.ObservedGeneration >= dep.Generation && dep.Status.UpdatedReplicas == want &&
 		dep.Status.AvailableReplicas >= want && dep.Status.Replicas == want {
 		st.Phase, st.Reason = PhaseReady, ReasonAvailable
+		if st.LastError != "" {
+			// Running, but not as configured: the last reconcile failed.
+			st.Phase, st.Reason, st.Message = PhaseFailed, ReasonReconcileFailed, "the worker runs, but the last reconcile failed: "+st.LastError
+		}
 		return
 	}
 	st.Phase, st.Reason = PhaseProgressing, ReasonRollingOut
