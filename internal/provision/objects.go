@@ -91,6 +91,7 @@ func serviceObject(c *Config, tenant, env string) *corev1.Service {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: meta(c, tenant, env, WorkerName),
 		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP, // owned: an edit to NodePort is undone
 			Selector: podSelector(tenant, env),
 			Ports:    []corev1.ServicePort{{Name: "http", Port: WorkerPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}},
 		},

@@ -644,6 +644,9 @@ func TestForeignNamespaceIsLeftAlone(t *testing.T) {
 	if _, err := r.p.Provision(ctx, tn+"-x", "y"); reasonOf(err) != provision.ReasonNamespaceConflict {
 		t.Fatalf("provision over a foreign namespace: %v", err)
 	}
+	if _, err := r.db.WorkerRecord(ctx, tn+"-x", "y"); !errors.Is(err, controlstore.ErrNotFound) {
+		t.Errorf("a refused provision left a record the resync would retry forever: %v", err)
+	}
 	if _, err := r.p.Deprovision(ctx, tn+"-x", "y"); reasonOf(err) != provision.ReasonNamespaceConflict {
 		t.Fatalf("deprovision of a foreign namespace: %v", err)
 	}

@@ -155,6 +155,14 @@ func (p *K8sWorkerProvisioner) Provision(ctx context.Context, tenant, env string
 		return Status{}, err
 	}
 	err = p.reconcile(ctx, tenant, env, gen, false, p.cfg.TerminatingWait)
+	var pe *Error
+	if errors.As(err, &pe) && pe.Reason == ReasonNamespaceConflict {
+		// Nothing of this tenant-env can exist there: keep no record
+		// that the resync would retry forever.
+		if g, serr := p.store.SetWorkerDesired(ctx, tenant, env, controlstore.WorkerAbsent, p.now()); serr == nil {
+			p.store.DeleteWorkerRecord(ctx, tenant, env, g)
+		}
+	}
 	st, serr := p.Status(ctx, tenant, env)
 	if err != nil {
 		return st, err
