@@ -169,10 +169,11 @@ func (c *Config) Validate() error {
 	if c.HostUIDDir == "" {
 		c.HostUIDDir = "/run/talkide/uids"
 	}
-	if d := c.HostUIDDir; !path.IsAbs(d) || path.Clean(d) != d || !(strings.HasPrefix(d, "/run/") || strings.HasPrefix(d, "/var/lib/")) || strings.Count(d, "/") < 3 {
+	if d := c.HostUIDDir; !path.IsAbs(d) || path.Clean(d) != d || !(strings.HasPrefix(d, hostUIDPrefixRun) || strings.HasPrefix(d, hostUIDPrefixVar)) {
 		// It is a hostPath mounted writable into every worker pod: never
-		// the node's /, /etc or another system directory.
-		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_HOST_UID_DIR %q: want a clean absolute path at least two levels below /run/ or /var/lib/ (default /run/talkide/uids)", d))
+		// the node's /, /etc or another system directory (ScopePolicy
+		// refuses any other).
+		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_HOST_UID_DIR %q: want a clean absolute path below %s or %s (default /run/talkide/uids)", d, hostUIDPrefixRun, hostUIDPrefixVar))
 	}
 	for _, cidr := range append(append([]string{}, c.EgressCIDRs...), c.APIServerCIDRs...) {
 		if _, _, err := net.ParseCIDR(cidr); err != nil {

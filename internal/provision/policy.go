@@ -93,6 +93,13 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 	return pol, bind
 }
 
+// Where the node-wide agent uid claims may live (Config.HostUIDDir): the
+// only hostPath a worker's Deployment may mount.
+const (
+	hostUIDPrefixRun = "/run/talkide/"
+	hostUIDPrefixVar = "/var/lib/talkide/"
+)
+
 // ScopePolicyName names the ValidatingAdmissionPolicy (and its binding)
 // that confines the control plane's writes to its own namespaces.
 const ScopePolicyName = "talkide-controlplane-scope"
@@ -110,6 +117,8 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 		return o + " != null && has(" + o + ".metadata.labels) && '" + LabelManagedBy + "' in " + o + ".metadata.labels && " + o + ".metadata.labels['" + LabelManagedBy + "'] == '" + ManagedBy + "'"
 	}
 	forbidden := ptr.To(metav1.StatusReasonForbidden)
+	deployment := "request.resource.resource != 'deployments' || (has(request.subResource) && request.subResource != '') || request.operation == 'DELETE'"
+	const tmpl = "object.spec.template.spec"
 	pol := &admissionv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: metav1.ObjectMeta{Name: ScopePolicyName, Labels: map[string]string{LabelPartOf: PartOf}},
@@ -130,6 +139,17 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 					Message: "the TalkIDE control plane may change objects only in the namespaces it made"},
 				{Expression: "request.resource.resource != 'namespaces' || request.operation == 'CREATE' || (" + managed("oldObject") + " && (request.operation == 'DELETE' || " + managed("object") + "))",
 					Reason: forbidden, Message: "the TalkIDE control plane may change or delete only the namespaces it made"},
+				// The worker's pod needs more than baseline (see
+				// deploymentObject), but never the node's: its Deployments
+				// must run in a user namespace, with no host namespace, no
+				// privileged container, no capability beyond SYS_ADMIN (in
+				// that user namespace) and no hostPath but the uid claims'.
+				{Expression: deployment + " || (has(" + tmpl + ".hostUsers) && !" + tmpl + ".hostUsers && " +
+					"(!has(" + tmpl + ".hostNetwork) || !" + tmpl + ".hostNetwork) && (!has(" + tmpl + ".hostPID) || !" + tmpl + ".hostPID) && (!has(" + tmpl + ".hostIPC) || !" + tmpl + ".hostIPC) && " +
+					"(!has(" + tmpl + ".volumes) || " + tmpl + ".volumes.all(v, !has(v.hostPath) || v.hostPath.path.startsWith('" + hostUIDPrefixRun + "') || v.hostPath.path.startsWith('" + hostUIDPrefixVar + "'))) && " +
+					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.securityContext) || ((!has(c.securityContext.privileged) || !c.securityContext.privileged) && " +
+					"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['SYS_ADMIN','AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'])))))",
+					Reason: forbidden, Message: "the TalkIDE control plane may run Deployments only as its workers run: in a user namespace, unprivileged on the node"},
 			},
 		},
 	}

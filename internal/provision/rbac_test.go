@@ -69,6 +69,20 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 			t.Errorf("%s: %v, want Forbidden", what, err)
 		}
 	}
+	// In its own namespaces it may run Deployments only as workers run.
+	evilDep := dep.DeepCopy()
+	evilDep.Name = "escape"
+	evilDep.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
+	evilDep.Spec.Template.Spec.HostUsers = ptr.To(false)
+	if _, err := kube.AppsV1().Deployments(tn+"-dev").Create(ctx, evilDep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only as its workers run") {
+		t.Errorf("a Deployment mounting the node's / in its own namespace: %v, want Forbidden by the scope policy", err)
+	}
+	evilDep = dep.DeepCopy()
+	evilDep.Name = "escape2"
+	evilDep.Spec.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	if _, err := kube.AppsV1().Deployments(tn+"-dev").Create(ctx, evilDep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only as its workers run") {
+		t.Errorf("a privileged Deployment in its own namespace: %v, want Forbidden by the scope policy", err)
+	}
 	if _, err := p.Deprovision(ctx, tn, "dev"); err != nil {
 		t.Fatal(err)
 	}
