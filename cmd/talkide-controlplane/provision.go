@@ -49,6 +49,13 @@ func provisionFromEnv(cfg *controlplane.Config) error {
 		}
 		p.Replicas = int32(n)
 	}
+	if v := os.Getenv("TALKIDE_WORKER_MAX_JOBS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			return fmt.Errorf("TALKIDE_WORKER_MAX_JOBS %q: want 1 to 10000", v)
+		}
+		p.MaxJobs = n
+	}
 	if v := os.Getenv("TALKIDE_WORKER_STORAGE_SIZE"); v != "" {
 		q, err := resource.ParseQuantity(v)
 		if err != nil || q.Sign() <= 0 {

@@ -68,6 +68,11 @@ type Config struct {
 	// [TALKIDE_WORKER_ENV, "NAME=value,..."; only TALKIDE_* names, not the
 	// ones the provisioner sets itself].
 	Env []corev1.EnvVar
+	// MaxJobs bounds the Jobs a worker's namespace may hold at once (its
+	// ResourceQuota; pods are bounded at MaxJobs plus the worker's
+	// replicas during a rolling update) [TALKIDE_WORKER_MAX_JOBS].
+	// Default 16.
+	MaxJobs int
 	// HostUIDDir is the hostPath every worker of a node shares for agent
 	// uid claims [TALKIDE_WORKER_HOST_UID_DIR]. Default /run/talkide/uids.
 	HostUIDDir string
@@ -142,6 +147,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1
+	}
+	if c.MaxJobs <= 0 {
+		c.MaxJobs = 16
 	}
 	if c.StorageSize.IsZero() {
 		c.StorageSize = resource.MustParse("10Gi")

@@ -8,6 +8,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 )
@@ -288,5 +289,22 @@ func jobsNetworkPolicyObject(c *Config, tenant, env string) *networkingv1.Networ
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 			Egress:      egress,
 		},
+	}
+}
+
+// QuotaName names the namespace's ResourceQuota.
+const QuotaName = "talkide-worker"
+
+// quotaObject bounds what the namespace may hold however its worker
+// behaves: a compromised worker cannot flood the cluster with Jobs or pods.
+// Counts only, so no pod has to declare resources for it.
+func quotaObject(c *Config, tenant, env string) *corev1.ResourceQuota {
+	return &corev1.ResourceQuota{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ResourceQuota"},
+		ObjectMeta: meta(c, tenant, env, QuotaName),
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
+			"count/jobs.batch": *resource.NewQuantity(int64(c.MaxJobs), resource.DecimalSI),
+			corev1.ResourcePods: *resource.NewQuantity(int64(c.MaxJobs)+2*int64(c.Replicas)+2, resource.DecimalSI),
+		}},
 	}
 }

@@ -278,7 +278,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := p.ensureJobPolicy(ctx); err != nil {
 		return err
 	}
-	for _, obj := range []any{serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
+	for _, obj := range []any{quotaObject(&p.cfg, tenant, env), serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
 		if err := p.applyObject(ctx, obj); err != nil {
 			return err
 		}
@@ -342,6 +342,9 @@ func (p *K8sWorkerProvisioner) applyObject(ctx context.Context, obj any) error {
 	case *corev1.Service:
 		kind, name = "Service", o.Name
 		_, err = p.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	case *corev1.ResourceQuota:
+		kind, name = "ResourceQuota", o.Name
+		_, err = p.kube.CoreV1().ResourceQuotas(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
 	case *rbacv1.Role:
 		kind, name = "Role", o.Name
 		_, err = p.kube.RbacV1().Roles(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)

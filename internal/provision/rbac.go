@@ -37,7 +37,8 @@ const ControlPlaneServiceAccount = "talkide-controlplane"
 //     (ScopePolicy: only those labelled as the provisioner's may be
 //     changed or deleted). Deleting one removes all of a worker.
 //   - the worker's objects (Secret talkide-worker-token; ServiceAccount,
-//     Role, RoleBinding, Deployment, Service, NetworkPolicy talkide-worker;
+//     Role, RoleBinding, Deployment, Service, NetworkPolicy, ResourceQuota
+//     talkide-worker;
 //     PVC claude-sessions): create (RBAC cannot limit it by name;
 //     ScopePolicy limits it to the provisioner's namespaces), and read or
 //     change only those names: no other Secret anywhere can be read.
@@ -57,13 +58,14 @@ func ClusterRole() *rbacv1.ClusterRole {
 	change := []string{"get", "update", "patch", "delete"}
 	rules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"secrets", "serviceaccounts", "services", "persistentvolumeclaims"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets", "serviceaccounts", "services", "persistentvolumeclaims", "resourcequotas"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"roles", "rolebindings"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create"}},
 		named("", "secrets", SecretName, change...),
 		named("", "serviceaccounts", WorkerName, change...),
 		named("", "services", WorkerName, change...),
+		named("", "resourcequotas", QuotaName, change...),
 		named("", "persistentvolumeclaims", PVCName, "get"),
 		named("apps", "deployments", WorkerName, change...),
 		named("rbac.authorization.k8s.io", "roles", WorkerName, change...),

@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -173,7 +174,7 @@ func (r *rig) serviceAccountWith(t *testing.T, ns, name string, rules []rbacv1.P
 // Jobs, read pods and their logs and hold Leases in its namespace, and is
 // Forbidden everywhere else, its own Secret included.
 func TestWorkerServiceAccountRights(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, func(c *provision.Config) { c.MaxJobs = 4 })
 	ctx := context.Background()
 	tn := r.tenant()
 	for _, env := range []string{"dev", "prod"} {
@@ -306,6 +307,16 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 	}
 	if _, err := w.BatchV1().Jobs(ns).Create(ctx, evilJob("plain again", func(*corev1.PodSpec) {}), metav1.CreateOptions{}); err != nil {
 		t.Errorf("a plain Job after the policy: %v", err)
+	}
+	// The namespace's quota bounds how many Jobs a worker may hold.
+	var quotaErr error
+	for i := range 2 * r.cfg.MaxJobs {
+		if _, quotaErr = w.BatchV1().Jobs(ns).Create(ctx, evilJob(fmt.Sprintf("flood %d", i), func(*corev1.PodSpec) {}), metav1.CreateOptions{}); quotaErr != nil {
+			break
+		}
+	}
+	if !apierrors.IsForbidden(quotaErr) || !strings.Contains(quotaErr.Error(), "exceeded quota") {
+		t.Errorf("Jobs beyond MaxJobs (%d): %v, want Forbidden by the quota", r.cfg.MaxJobs, quotaErr)
 	}
 
 	forbidden := map[string]error{}

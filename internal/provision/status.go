@@ -146,6 +146,10 @@ func (p *K8sWorkerProvisioner) observeObjects(ctx context.Context, st *Status) e
 			_, err := p.kube.NetworkingV1().NetworkPolicies(ns).Get(ctx, WorkerName, metav1.GetOptions{})
 			return err
 		}},
+		{"ResourceQuota", QuotaName, func() error {
+			_, err := core.ResourceQuotas(ns).Get(ctx, QuotaName, metav1.GetOptions{})
+			return err
+		}},
 		{"NetworkPolicy", JobsNetworkPolicyName, func() error {
 			_, err := p.kube.NetworkingV1().NetworkPolicies(ns).Get(ctx, JobsNetworkPolicyName, metav1.GetOptions{})
 			return err
