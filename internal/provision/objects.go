@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 )
@@ -303,7 +303,7 @@ func quotaObject(c *Config, tenant, env string) *corev1.ResourceQuota {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ResourceQuota"},
 		ObjectMeta: meta(c, tenant, env, QuotaName),
 		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
-			"count/jobs.batch": *resource.NewQuantity(int64(c.MaxJobs), resource.DecimalSI),
+			"count/jobs.batch":  *resource.NewQuantity(int64(c.MaxJobs), resource.DecimalSI),
 			corev1.ResourcePods: *resource.NewQuantity(int64(c.MaxJobs)+2*int64(c.Replicas)+2, resource.DecimalSI),
 		}},
 	}
