@@ -31,16 +31,27 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 		{Expression: "!has(" + spec + ".hostPID) || !" + spec + ".hostPID", Message: "a worker's Job may not use the node's PID namespace"},
 		{Expression: "!has(" + spec + ".hostIPC) || !" + spec + ".hostIPC", Message: "a worker's Job may not use the node's IPC namespace"},
 		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, !has(v.hostPath))", Message: "a worker's Job may not mount a hostPath"},
-		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, (!has(v.secret) || v.secret.secretName != '" + SecretName + "') && " +
-			"(!has(v.projected) || !has(v.projected.sources) || v.projected.sources.all(x, !has(x.secret) || x.secret.name != '" + SecretName + "')))",
-			Message: "a worker's Job may not mount the worker's own Secret"},
+		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, has(v.emptyDir) || has(v.configMap) || has(v.downwardAPI) || has(v.persistentVolumeClaim) || " +
+			"(has(v.secret) && v.secret.secretName != '" + SecretName + "') || " +
+			"(has(v.projected) && (!has(v.projected.sources) || v.projected.sources.all(x, has(x.configMap) || has(x.downwardAPI) || (has(x.secret) && x.secret.name != '" + SecretName + "')))))",
+			Message: "a worker's Job may mount only emptyDir, configMap, downwardAPI, persistentVolumeClaim and secret volumes (not the worker's own Secret, no ephemeral, network, CSI or image volumes, no ServiceAccount token)"},
+		{Expression: "!has(" + spec + ".resourceClaims) && (!has(" + spec + ".runtimeClassName) || " + spec + ".runtimeClassName == '')",
+			Message: "a worker's Job may not claim devices or pick a runtime class"},
+		{Expression: "(!has(" + spec + ".serviceAccountName) || " + spec + ".serviceAccountName in ['', 'default']) && (!has(" + spec + ".serviceAccount) || " + spec + ".serviceAccount in ['', 'default'])",
+			Message: "a worker's Job runs as the namespace's default ServiceAccount, never as the worker"},
+		{Expression: "!has(object.spec.template.metadata) || !has(object.spec.template.metadata.labels) || !('" + LabelName + "' in object.spec.template.metadata.labels) || object.spec.template.metadata.labels['" + LabelName + "'] != '" + WorkerName + "'",
+			Message: "a worker's Job may not carry the worker's labels (its NetworkPolicy and Service)"},
+		{Expression: "(!has(" + spec + ".nodeSelector) || !('kubernetes.io/hostname' in " + spec + ".nodeSelector)) && (!has(" + spec + ".affinity) || (!has(" + spec + ".affinity.podAffinity) && !has(" + spec + ".affinity.podAntiAffinity)))",
+			Message: "a worker's Job may not pick its node by name or place itself by other pods"},
+		{Expression: "(!has(object.spec.parallelism) || object.spec.parallelism <= 4) && (!has(object.spec.completions) || object.spec.completions <= 4) && (!has(object.spec.backoffLimit) || object.spec.backoffLimit <= 6)",
+			Message: "a worker's Job may run at most 4 pods in parallel and to completion, retried at most 6 times"},
 		{Expression: containers + ".all(c, (!has(c.env) || c.env.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name != '" + SecretName + "')) && " +
 			"(!has(c.envFrom) || c.envFrom.all(e, !has(e.secretRef) || e.secretRef.name != '" + SecretName + "')))",
 			Message: "a worker's Job may not read the worker's own Secret"},
 		{Expression: "!has(" + spec + ".nodeName) || " + spec + ".nodeName == ''", Message: "a worker's Job may not pick its node (nodeName)"},
 		{Expression: "!has(" + spec + ".priorityClassName) || " + spec + ".priorityClassName == ''", Message: "a worker's Job may not set a priority class (it could preempt other tenants' workers)"},
-		{Expression: "!has(" + spec + ".tolerations) || " + spec + ".tolerations.all(t, has(t.key) && t.key != '' && !t.key.startsWith('node.kubernetes.io/') && !t.key.startsWith('node-role.kubernetes.io/'))",
-			Message: "a worker's Job may not tolerate every taint, nor the taints of unhealthy or control-plane nodes"},
+		{Expression: "!has(" + spec + ".tolerations) || " + spec + ".tolerations.all(t, has(t.key) && t.key != '' && !t.key.startsWith('node.') && !t.key.startsWith('node-role.kubernetes.io/') && t.key != 'CriticalAddonsOnly')",
+			Message: "a worker's Job may not tolerate every taint, nor the taints of unhealthy, uninitialized, control-plane or critical-addon nodes"},
 		{Expression: "!has(" + spec + ".securityContext) || ((!has(" + spec + ".securityContext.seccompProfile) || " + spec + ".securityContext.seccompProfile.type != 'Unconfined') && " +
 			"(!has(" + spec + ".securityContext.appArmorProfile) || " + spec + ".securityContext.appArmorProfile.type != 'Unconfined') && " +
 			"(!has(" + spec + ".securityContext.seLinuxOptions) || !has(" + spec + ".securityContext.seLinuxOptions.type) || " + spec + ".securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']) && " +
@@ -71,11 +82,6 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 					Rule:       admissionv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"*"}, Resources: []string{"jobs"}},
 				}}},
 			},
-			MatchConditions: []admissionv1.MatchCondition{{
-				Name: "by-a-worker-or-the-control-plane",
-				Expression: "request.userInfo.username.startsWith('system:serviceaccount:') && (request.userInfo.username.endsWith(':" + WorkerName + "') || " +
-					"request.userInfo.username.endsWith(':" + ControlPlaneServiceAccount + "'))",
-			}},
 			Validations: validations,
 		},
 	}
@@ -139,6 +145,22 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 					Message: "the TalkIDE control plane may change objects only in the namespaces it made"},
 				{Expression: "request.resource.resource != 'namespaces' || request.operation == 'CREATE' || (" + managed("oldObject") + " && (request.operation == 'DELETE' || " + managed("object") + "))",
 					Reason: forbidden, Message: "the TalkIDE control plane may change or delete only the namespaces it made"},
+				// In its namespaces it makes only the worker's objects,
+				// by name: no other ServiceAccount, no binding to anyone
+				// else, no ServiceAccount token Secret, no Role granting
+				// more than the worker's rights.
+				{Expression: "request.resource.resource == 'namespaces' || request.namespace == '' || request.operation == 'DELETE' || request.name in ['" + WorkerName + "', '" + SecretName + "', '" + JobsNetworkPolicyName + "', '" + PVCName + "']",
+					Reason: forbidden, Message: "the TalkIDE control plane may make only the worker's objects (by name) in its namespaces"},
+				{Expression: "request.resource.resource != 'secrets' || request.operation == 'DELETE' || !has(object.type) || object.type == 'Opaque'",
+					Reason: forbidden, Message: "the TalkIDE control plane may make only Opaque Secrets"},
+				{Expression: "request.resource.resource != 'rolebindings' || request.operation == 'DELETE' || (object.roleRef.kind == 'Role' && object.roleRef.name == '" + WorkerName + "' && has(object.subjects) && " +
+					"object.subjects.all(x, x.kind == 'ServiceAccount' && x.name == '" + WorkerName + "' && has(x.namespace) && x.namespace == request.namespace))",
+					Reason: forbidden, Message: "the TalkIDE control plane may bind only the worker's Role to the worker's ServiceAccount"},
+				{Expression: "request.resource.resource != 'roles' || request.operation == 'DELETE' || !has(object.rules) || object.rules.all(r, !has(r.resourceNames) && (!has(r.nonResourceURLs) || size(r.nonResourceURLs) == 0) && (" +
+					"(r.apiGroups == ['batch'] && r.resources == ['jobs'] && r.verbs.all(v, v in ['create', 'get', 'list', 'watch', 'delete'])) || " +
+					"(r.apiGroups == [''] && r.resources.all(x, x in ['pods', 'pods/log']) && r.verbs.all(v, v in ['get', 'list', 'watch'])) || " +
+					"(r.apiGroups == ['coordination.k8s.io'] && r.resources == ['leases'] && r.verbs.all(v, v in ['get', 'create', 'update', 'delete']))))",
+					Reason: forbidden, Message: "the TalkIDE control plane may grant a worker only the worker's rights"},
 				// The worker's pod needs more than baseline (see
 				// deploymentObject), but never the node's: its Deployments
 				// must run in a user namespace, with no host namespace, no
@@ -146,6 +168,9 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 				// that user namespace) and no hostPath but the uid claims'.
 				{Expression: deployment + " || (has(" + tmpl + ".hostUsers) && !" + tmpl + ".hostUsers && " +
 					"(!has(" + tmpl + ".hostNetwork) || !" + tmpl + ".hostNetwork) && (!has(" + tmpl + ".hostPID) || !" + tmpl + ".hostPID) && (!has(" + tmpl + ".hostIPC) || !" + tmpl + ".hostIPC) && " +
+					"(!has(" + tmpl + ".nodeName) || " + tmpl + ".nodeName == '') && (!has(" + tmpl + ".priorityClassName) || " + tmpl + ".priorityClassName == '') && " +
+					"(!has(" + tmpl + ".tolerations) || " + tmpl + ".tolerations.all(t, has(t.key) && t.key != '')) && (!has(" + tmpl + ".runtimeClassName) || " + tmpl + ".runtimeClassName == '') && " +
+					"(!has(" + tmpl + ".serviceAccountName) || " + tmpl + ".serviceAccountName == '" + WorkerName + "') && " +
 					"(!has(" + tmpl + ".volumes) || " + tmpl + ".volumes.all(v, !has(v.hostPath) || v.hostPath.path.startsWith('" + hostUIDPrefixRun + "') || v.hostPath.path.startsWith('" + hostUIDPrefixVar + "'))) && " +
 					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.securityContext) || ((!has(c.securityContext.privileged) || !c.securityContext.privileged) && " +
 					"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['SYS_ADMIN','AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'])))))",

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -70,19 +71,52 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 			t.Errorf("%s: %v, want Forbidden", what, err)
 		}
 	}
-	// In its own namespaces it may run Deployments only as workers run.
-	evilDep := dep.DeepCopy()
-	evilDep.Name = "escape"
-	evilDep.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
-	evilDep.Spec.Template.Spec.HostUsers = ptr.To(false)
-	if _, err := kube.AppsV1().Deployments(tn+"-dev").Create(ctx, evilDep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only as its workers run") {
-		t.Errorf("a Deployment mounting the node's / in its own namespace: %v, want Forbidden by the scope policy", err)
+	// In its own namespaces it makes only the worker's objects: no other
+	// ServiceAccount (which no Job policy would watch), no token Secret,
+	// no binding to anyone else, no Role beyond the worker's rights.
+	own := tn + "-dev"
+	denied = map[string]error{}
+	_, denied["another ServiceAccount"] = kube.CoreV1().ServiceAccounts(own).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "foo"}}, metav1.CreateOptions{})
+	wtok := tokenSecret.DeepCopy()
+	wtok.Annotations[corev1.ServiceAccountNameKey] = provision.WorkerName
+	_, denied["a token Secret of the worker's name"] = kube.CoreV1().Secrets(own).Create(ctx, wtok, metav1.CreateOptions{})
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: provision.WorkerName + "-2"}, RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: provision.WorkerName},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "default", Namespace: own}}}
+	_, denied["a RoleBinding of another name"] = kube.RbacV1().RoleBindings(own).Create(ctx, rb, metav1.CreateOptions{})
+	role, err := kube.RbacV1().Roles(own).Get(ctx, provision.WorkerName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	evilDep = dep.DeepCopy()
-	evilDep.Name = "escape2"
-	evilDep.Spec.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-	if _, err := kube.AppsV1().Deployments(tn+"-dev").Create(ctx, evilDep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only as its workers run") {
-		t.Errorf("a privileged Deployment in its own namespace: %v, want Forbidden by the scope policy", err)
+	role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"serviceaccounts"}, Verbs: []string{"create"}})
+	_, denied["a Role granting more than the worker's rights"] = kube.RbacV1().Roles(own).Update(ctx, role, metav1.UpdateOptions{})
+	for what, err := range denied {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("in its own namespace, %s: %v, want Forbidden", what, err)
+		}
+	}
+
+	// In its own namespaces it may run Deployments only as workers run:
+	// another Deployment is refused by name, and the worker's own cannot
+	// be turned into an escape.
+	if _, err := kube.AppsV1().Deployments(own).Create(ctx, dep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), provision.ScopePolicyName) {
+		t.Errorf("another Deployment in its own namespace: %v, want Forbidden by the scope policy", err)
+	}
+	for name, mutate := range map[string]func(*corev1.PodSpec){
+		"mounting the node's /": func(s *corev1.PodSpec) {
+			s.Volumes = append(s.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+		},
+		"privileged":          func(s *corev1.PodSpec) { s.Containers[0].SecurityContext.Privileged = ptr.To(true) },
+		"on a node of choice": func(s *corev1.PodSpec) { s.NodeName = "fake-node-0" },
+		"critical priority":   func(s *corev1.PodSpec) { s.PriorityClassName = "system-node-critical" },
+	} {
+		d, err := kube.AppsV1().Deployments(own).Get(ctx, provision.WorkerName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutate(&d.Spec.Template.Spec)
+		if _, err := kube.AppsV1().Deployments(own).Update(ctx, d, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only as its workers run") {
+			t.Errorf("the worker's Deployment %s: %v, want Forbidden by the scope policy", name, err)
+		}
 	}
 	if _, err := p.Deprovision(ctx, tn, "dev"); err != nil {
 		t.Fatal(err)
@@ -280,13 +314,35 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 		"its own Secret": func(s *corev1.PodSpec) {
 			s.Volumes = []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: provision.SecretName}}}}
 		},
+		"ephemeral volume": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
+				Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: "someone-elses",
+					Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}}}}}
+		},
+		"nfs volume": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "10.0.0.1", Path: "/exports"}}}}
+		},
+		"ServiceAccount token volume": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: "x", Path: "t"}}}}}}}
+		},
+		"the worker's ServiceAccount": func(s *corev1.PodSpec) { s.ServiceAccountName = provision.WorkerName },
+		"hostname nodeSelector":       func(s *corev1.PodSpec) { s.NodeSelector = map[string]string{"kubernetes.io/hostname": "fake-node-0"} },
+		"pod affinity": func(s *corev1.PodSpec) {
+			s.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				TopologyKey: "kubernetes.io/hostname", NamespaceSelector: &metav1.LabelSelector{}, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}}}}}
+		},
+		"runtime class": func(s *corev1.PodSpec) { s.RuntimeClassName = ptr.To("privileged") },
+		"CriticalAddonsOnly": func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists}}
+		},
 		"its own Secret in env": func(s *corev1.PodSpec) {
 			s.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: provision.SecretName}}}}
 		},
 	}
 	evilJob := func(name string, mutate func(*corev1.PodSpec)) *batchv1.Job {
 		j := job.DeepCopy()
-		j.Name = "evil-" + strings.ToLower(strings.NewReplacer(" ", "-", "/", "", "_", "-").Replace(name))
+		j.Name = "evil-" + strings.ToLower(strings.NewReplacer(" ", "-", "/", "", "_", "-", "'", "").Replace(name))
 		mutate(&j.Spec.Template.Spec)
 		return j
 	}
@@ -301,8 +357,17 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 	})
 	for name, mutate := range evil {
 		_, err := w.BatchV1().Jobs(ns).Create(ctx, evilJob(name, mutate), metav1.CreateOptions{})
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "a worker's Job may not") {
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "a worker's Job") {
 			t.Errorf("a %s Job: %v, want Forbidden by the policy", name, err)
+		}
+	}
+	looksLikeWorker := evilJob("looks like the worker", func(*corev1.PodSpec) {})
+	looksLikeWorker.Spec.Template.Labels = map[string]string{provision.LabelName: provision.WorkerName}
+	fanOut := evilJob("fan out", func(*corev1.PodSpec) {})
+	fanOut.Spec.Parallelism, fanOut.Spec.Completions = ptr.To[int32](100000), ptr.To[int32](100000000)
+	for _, j := range []*batchv1.Job{looksLikeWorker, fanOut} {
+		if _, err := w.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "a worker's Job") {
+			t.Errorf("Job %s: %v, want Forbidden by the policy", j.Name, err)
 		}
 	}
 	if _, err := w.BatchV1().Jobs(ns).Create(ctx, evilJob("plain again", func(*corev1.PodSpec) {}), metav1.CreateOptions{}); err != nil {
