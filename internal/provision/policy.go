@@ -153,6 +153,12 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 					Reason: forbidden, Message: "the TalkIDE control plane may make only the worker's objects (by name) in its namespaces"},
 				{Expression: "request.resource.resource != 'secrets' || request.operation == 'DELETE' || !has(object.type) || object.type == 'Opaque'",
 					Reason: forbidden, Message: "the TalkIDE control plane may make only Opaque Secrets"},
+				{Expression: "request.resource.resource != 'persistentvolumeclaims' || request.operation == 'DELETE' || " +
+					"((!has(object.spec.volumeName) || object.spec.volumeName == '') && !has(object.spec.dataSource) && !has(object.spec.dataSourceRef))",
+					Reason: forbidden, Message: "the TalkIDE control plane may claim only a new volume (no volumeName, no data source)"},
+				{Expression: "request.resource.resource != 'services' || request.operation == 'DELETE' || " +
+					"((!has(object.spec.type) || object.spec.type == 'ClusterIP') && (!has(object.spec.externalIPs) || size(object.spec.externalIPs) == 0))",
+					Reason: forbidden, Message: "the TalkIDE control plane may make only ClusterIP Services without external IPs"},
 				{Expression: "request.resource.resource != 'rolebindings' || request.operation == 'DELETE' || (object.roleRef.kind == 'Role' && object.roleRef.name == '" + WorkerName + "' && has(object.subjects) && " +
 					"object.subjects.all(x, x.kind == 'ServiceAccount' && x.name == '" + WorkerName + "' && has(x.namespace) && x.namespace == request.namespace))",
 					Reason: forbidden, Message: "the TalkIDE control plane may bind only the worker's Role to the worker's ServiceAccount"},

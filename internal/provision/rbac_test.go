@@ -89,10 +89,26 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 	}
 	role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"serviceaccounts"}, Verbs: []string{"create"}})
 	_, denied["a Role granting more than the worker's rights"] = kube.RbacV1().Roles(own).Update(ctx, role, metav1.UpdateOptions{})
+	stolen := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: provision.PVCName}, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: "someone-elses",
+		Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	_, denied["a claim of another's volume"] = kube.CoreV1().PersistentVolumeClaims(own).Create(ctx, stolen, metav1.CreateOptions{})
+	svc, err := kube.CoreV1().Services(own).Get(ctx, provision.WorkerName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalIPs = []string{"10.0.0.99"}
+	_, denied["a Service with external IPs"] = kube.CoreV1().Services(own).Update(ctx, svc, metav1.UpdateOptions{})
 	for what, err := range denied {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("in its own namespace, %s: %v, want Forbidden", what, err)
 		}
+	}
+	if err := denied["a claim of another's volume"]; err == nil || !strings.Contains(err.Error(), "only a new volume") {
+		t.Errorf("a claim of another's volume: %v, want the scope policy's refusal", err)
+	}
+	if err := denied["a Service with external IPs"]; err == nil || !strings.Contains(err.Error(), "ClusterIP Services") {
+		t.Errorf("a Service with external IPs: %v, want the scope policy's refusal", err)
 	}
 
 	// In its own namespaces it may run Deployments only as workers run:
