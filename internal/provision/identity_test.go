@@ -15,11 +15,7 @@ func TestIdentityRotationWithGrace(t *testing.T) {
 	ctx := context.Background()
 	t.Run("forced", func(t *testing.T) {
 		r := newRig(t, func(c *provision.Config) { c.Grace = 3 * time.Second })
-		tn := r.tenant()
-		ns := tn + "-dev"
-		if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
-			t.Fatal(err)
-		}
+		tn, ns := r.provisioned()
 		old := secretToken(t, r.kube, ns)
 		st, err := r.p.RotateIdentity(ctx, tn, "dev")
 		if err != nil {

@@ -109,6 +109,17 @@ func (r *rig) tenant() string {
 	return name
 }
 
+// provisioned provisions a fresh tenant's env "dev" and returns the tenant
+// and its namespace.
+func (r *rig) provisioned() (tenant, ns string) {
+	r.t.Helper()
+	tenant = r.tenant()
+	if _, err := r.p.Provision(context.Background(), tenant, "dev"); err != nil {
+		r.t.Fatal(err)
+	}
+	return tenant, tenant + "-dev"
+}
+
 func (r *rig) waitFor(what string, timeout time.Duration, cond func() (bool, error)) {
 	r.t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -507,11 +518,7 @@ func TestRestartMidProvisionResumes(t *testing.T) {
 func TestNamespaceStuckTerminating(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
-	tn := r.tenant()
-	ns := tn + "-dev"
-	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
-		t.Fatal(err)
-	}
+	tn, ns := r.provisioned()
 	const hold = "talkide.dev/test-hold"
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns, Finalizers: []string{hold}}}
 	if _, err := r.kube.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
@@ -554,11 +561,7 @@ func TestNamespaceStuckTerminating(t *testing.T) {
 func TestProvisionWhilePVCDeleting(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
-	tn := r.tenant()
-	ns := tn + "-dev"
-	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
-		t.Fatal(err)
-	}
+	tn, ns := r.provisioned()
 	pvcs := r.kube.CoreV1().PersistentVolumeClaims(ns)
 	old, err := pvcs.Patch(ctx, provision.PVCName, types.MergePatchType, []byte(`{"metadata":{"finalizers":["talkide.dev/test-hold"]}}`), metav1.PatchOptions{})
 	if err != nil {
@@ -596,11 +599,7 @@ func TestProvisionWhilePVCDeleting(t *testing.T) {
 func TestStatusNeverReadyWhenObjectsAreGone(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
-	tn := r.tenant()
-	ns := tn + "-dev"
-	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
-		t.Fatal(err)
-	}
+	tn, ns := r.provisioned()
 	r.waitPhase(tn, "dev", provision.PhaseReady)
 	if err := r.kube.AppsV1().Deployments(ns).Delete(ctx, provision.WorkerName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -708,11 +707,7 @@ func TestAnotherDatabaseLeavesTheWorkersAlone(t *testing.T) {
 func TestDeletedSecretKeepsTheMountedTokenForItsGrace(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
-	tn := r.tenant()
-	ns := tn + "-dev"
-	if _, err := r.p.Provision(ctx, tn, "dev"); err != nil {
-		t.Fatal(err)
-	}
+	tn, ns := r.provisioned()
 	mounted := secretToken(t, r.kube, ns)
 	if err := r.kube.CoreV1().Secrets(ns).Delete(ctx, provision.SecretName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
