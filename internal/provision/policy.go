@@ -41,8 +41,10 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 			Message: "a worker's Job runs as the namespace's default ServiceAccount, never as the worker"},
 		{Expression: "!has(object.spec.template.metadata) || !has(object.spec.template.metadata.labels) || !('" + LabelName + "' in object.spec.template.metadata.labels) || object.spec.template.metadata.labels['" + LabelName + "'] != '" + WorkerName + "'",
 			Message: "a worker's Job may not carry the worker's labels (its NetworkPolicy and Service)"},
-		{Expression: "(!has(" + spec + ".nodeSelector) || !('kubernetes.io/hostname' in " + spec + ".nodeSelector)) && (!has(" + spec + ".affinity) || (!has(" + spec + ".affinity.podAffinity) && !has(" + spec + ".affinity.podAntiAffinity)))",
-			Message: "a worker's Job may not pick its node by name or place itself by other pods"},
+		{Expression: "(!has(" + spec + ".nodeSelector) || !('kubernetes.io/hostname' in " + spec + ".nodeSelector)) && !has(" + spec + ".affinity)",
+			Message: "a worker's Job may not pick its node by name or place itself by affinity"},
+		{Expression: "!has(" + spec + ".volumes) || " + spec + ".volumes.all(v, !has(v.persistentVolumeClaim) || v.persistentVolumeClaim.claimName == '" + PVCName + "')",
+			Message: "a worker's Job may mount no claim but the session volume's"},
 		{Expression: "(!has(object.spec.parallelism) || object.spec.parallelism <= 4) && (!has(object.spec.completions) || object.spec.completions <= 4) && (!has(object.spec.backoffLimit) || object.spec.backoffLimit <= 6)",
 			Message: "a worker's Job may run at most 4 pods in parallel and to completion, retried at most 6 times"},
 		{Expression: containers + ".all(c, (!has(c.env) || c.env.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name != '" + SecretName + "')) && " +
@@ -54,7 +56,7 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 			Message: "a worker's Job may not tolerate every taint, nor the taints of unhealthy, uninitialized, control-plane or critical-addon nodes"},
 		{Expression: "!has(" + spec + ".securityContext) || ((!has(" + spec + ".securityContext.seccompProfile) || " + spec + ".securityContext.seccompProfile.type != 'Unconfined') && " +
 			"(!has(" + spec + ".securityContext.appArmorProfile) || " + spec + ".securityContext.appArmorProfile.type != 'Unconfined') && " +
-			"(!has(" + spec + ".securityContext.seLinuxOptions) || !has(" + spec + ".securityContext.seLinuxOptions.type) || " + spec + ".securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']) && " +
+			"(!has(" + spec + ".securityContext.seLinuxOptions) || (!has(" + spec + ".securityContext.seLinuxOptions.user) && !has(" + spec + ".securityContext.seLinuxOptions.role) && (!has(" + spec + ".securityContext.seLinuxOptions.type) || " + spec + ".securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']))) && " +
 			"(!has(" + spec + ".securityContext.sysctls) || " + spec + ".securityContext.sysctls.all(x, x.name in ['kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range', 'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies', 'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports', 'net.ipv4.tcp_keepalive_time', 'net.ipv4.tcp_fin_timeout', 'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'])))",
 			Message: "a worker's Job may not run without seccomp or AppArmor, with another SELinux type, or with unsafe sysctls"},
 		{Expression: "!has(object.spec.template.metadata) || !has(object.spec.template.metadata.annotations) || object.spec.template.metadata.annotations.all(k, !k.startsWith('container.apparmor.security.beta.kubernetes.io/') || object.spec.template.metadata.annotations[k] != 'unconfined')",
@@ -64,7 +66,7 @@ func JobPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validatin
 			"(!has(c.securityContext.procMount) || c.securityContext.procMount == 'Default') && " +
 			"(!has(c.securityContext.seccompProfile) || c.securityContext.seccompProfile.type != 'Unconfined') && " +
 			"(!has(c.securityContext.appArmorProfile) || c.securityContext.appArmorProfile.type != 'Unconfined') && " +
-			"(!has(c.securityContext.seLinuxOptions) || !has(c.securityContext.seLinuxOptions.type) || c.securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t'])))",
+			"(!has(c.securityContext.seLinuxOptions) || (!has(c.securityContext.seLinuxOptions.user) && !has(c.securityContext.seLinuxOptions.role) && (!has(c.securityContext.seLinuxOptions.type) || c.securityContext.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t'])))))",
 			Message: "a worker's Job may not run privileged containers, add capabilities beyond Pod Security's baseline, unmask /proc, run without seccomp or AppArmor, or with another SELinux type"},
 		{Expression: containers + ".all(c, !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))", Message: "a worker's Job may not use host ports"},
 	}
@@ -175,9 +177,13 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 				{Expression: deployment + " || (has(" + tmpl + ".hostUsers) && !" + tmpl + ".hostUsers && " +
 					"(!has(" + tmpl + ".hostNetwork) || !" + tmpl + ".hostNetwork) && (!has(" + tmpl + ".hostPID) || !" + tmpl + ".hostPID) && (!has(" + tmpl + ".hostIPC) || !" + tmpl + ".hostIPC) && " +
 					"(!has(" + tmpl + ".nodeName) || " + tmpl + ".nodeName == '') && (!has(" + tmpl + ".priorityClassName) || " + tmpl + ".priorityClassName == '') && " +
-					"(!has(" + tmpl + ".tolerations) || " + tmpl + ".tolerations.all(t, has(t.key) && t.key != '')) && (!has(" + tmpl + ".runtimeClassName) || " + tmpl + ".runtimeClassName == '') && " +
+					"!has(" + tmpl + ".tolerations) && (!has(" + tmpl + ".runtimeClassName) || " + tmpl + ".runtimeClassName == '') && " +
 					"(!has(" + tmpl + ".serviceAccountName) || " + tmpl + ".serviceAccountName == '" + WorkerName + "') && " +
-					"(!has(" + tmpl + ".volumes) || " + tmpl + ".volumes.all(v, !has(v.hostPath) || v.hostPath.path.startsWith('" + hostUIDPrefixRun + "') || v.hostPath.path.startsWith('" + hostUIDPrefixVar + "'))) && " +
+					"(!has(" + tmpl + ".volumes) || " + tmpl + ".volumes.all(v, has(v.emptyDir) || has(v.configMap) || " +
+					"(has(v.persistentVolumeClaim) && v.persistentVolumeClaim.claimName == '" + PVCName + "') || (has(v.secret) && v.secret.secretName == '" + SecretName + "') || " +
+					"(has(v.hostPath) && (v.hostPath.path.startsWith('" + hostUIDPrefixRun + "') || v.hostPath.path.startsWith('" + hostUIDPrefixVar + "'))))) && " +
+					"(!has(" + tmpl + ".nodeSelector) || !('kubernetes.io/hostname' in " + tmpl + ".nodeSelector)) && !has(" + tmpl + ".affinity) && " +
+					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)) && " +
 					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.securityContext) || ((!has(c.securityContext.privileged) || !c.securityContext.privileged) && " +
 					"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['SYS_ADMIN','AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'])))))",
 					Reason: forbidden, Message: "the TalkIDE control plane may run Deployments only as its workers run: in a user namespace, unprivileged on the node"},

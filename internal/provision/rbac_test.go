@@ -124,6 +124,16 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 		"privileged":          func(s *corev1.PodSpec) { s.Containers[0].SecurityContext.Privileged = ptr.To(true) },
 		"on a node of choice": func(s *corev1.PodSpec) { s.NodeName = "fake-node-0" },
 		"critical priority":   func(s *corev1.PodSpec) { s.PriorityClassName = "system-node-critical" },
+		"with an ephemeral claim of another's volume": func(s *corev1.PodSpec) {
+			s.Volumes = append(s.Volumes, corev1.Volume{Name: "v", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
+				Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: "someone-elses",
+					Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}}}})
+		},
+		"on a node picked by hostname": func(s *corev1.PodSpec) { s.NodeSelector = map[string]string{"kubernetes.io/hostname": "fake-node-0"} },
+		"tolerating control-plane nodes": func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}
+		},
+		"with a host port": func(s *corev1.PodSpec) { s.Containers[0].Ports[0].HostPort = 22 },
 	} {
 		d, err := kube.AppsV1().Deployments(own).Get(ctx, provision.WorkerName, metav1.GetOptions{})
 		if err != nil {
@@ -349,6 +359,16 @@ func TestWorkerServiceAccountRights(t *testing.T) {
 				TopologyKey: "kubernetes.io/hostname", NamespaceSelector: &metav1.LabelSelector{}, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}}}}}
 		},
 		"runtime class": func(s *corev1.PodSpec) { s.RuntimeClassName = ptr.To("privileged") },
+		"node affinity by name": func(s *corev1.PodSpec) {
+			s.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"fake-node-0"}}}}}}}}
+		},
+		"SELinux user": func(s *corev1.PodSpec) {
+			s.SecurityContext = &corev1.PodSecurityContext{SELinuxOptions: &corev1.SELinuxOptions{User: "system_u"}}
+		},
+		"another claim": func(s *corev1.PodSpec) {
+			s.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "stolen"}}}}
+		},
 		"CriticalAddonsOnly": func(s *corev1.PodSpec) {
 			s.Tolerations = []corev1.Toleration{{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists}}
 		},
