@@ -101,11 +101,15 @@ func startShared() (*Cluster, error) {
 	}
 	// The ports are free when picked, but test binaries of other packages
 	// pick theirs at the same time: a port taken in between is retried.
+	// So is a component that died while starting: kwok 0.8.0 now and then
+	// panics while it builds its CEL environment (easycel getTypeValue),
+	// before it serves anything.
 	for attempt := 1; ; attempt++ {
 		c, err := Start(ctx, Options{BinDir: dir, Log: log})
-		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+		if err == nil || attempt == 3 || !retryableStart(err) {
 			return c, err
 		}
+		fmt.Fprintf(os.Stderr, "kubetest: the test cluster did not start (attempt %d of 3), starting it again: %v\n", attempt, firstLine(err.Error()))
 	}
 }
 
@@ -243,4 +247,18 @@ func WriteKubeconfig(t testing.TB, cfg *rest.Config, namespace string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// retryableStart reports whether a failed Start is worth another try: a
+// port taken meanwhile, or a component that exited while starting.
+func retryableStart(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "address already in use") || strings.Contains(msg, " exited (")
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package kubetest
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -159,5 +160,19 @@ func TestParseVersions(t *testing.T) {
 	}
 	if _, err := parseVersions("K8S_VERSION=1.2.3\n"); err == nil {
 		t.Error("missing versions: got no error")
+	}
+}
+
+// A cluster whose component died while starting, or whose port was taken
+// meanwhile, is started again; other failures are not retried.
+func TestRetryableStart(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"kubetest: waiting for node fake-node-0 Ready and untainted: kwok exited (exit status 2); end of /tmp/x/kwok.log:\npanic": true,
+		"listen tcp 127.0.0.1:4001: bind: address already in use":                                                                 true,
+		"kubetest: missing kwok (build the binaries with `make cluster-bins`)":                                                    false,
+	} {
+		if got := retryableStart(errors.New(msg)); got != want {
+			t.Errorf("retryableStart(%q) = %v, want %v", msg, got, want)
+		}
 	}
 }
