@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -17,13 +18,16 @@ import (
 	"github.com/talkide/talkide/internal/provision"
 )
 
-// KubeClient returns a client of the cluster: from the kubeconfig file at
-// path when it is set, else the pod's in-cluster credentials.
+// KubeClient returns a client of the cluster: from the kubeconfig files in
+// path (KUBECONFIG: one file or a list) when it is set, else the pod's
+// in-cluster credentials.
 func KubeClient(path string) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if path != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", path)
+		// A list of files, as kubectl (and the worker) read KUBECONFIG.
+		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(path)}, &clientcmd.ConfigOverrides{}).ClientConfig()
 	} else {
 		rc, err = rest.InClusterConfig()
 	}

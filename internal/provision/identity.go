@@ -14,11 +14,6 @@ import (
 	"github.com/talkide/talkide/internal/token"
 )
 
-// K8sWorkerProvisioner.orphanAge (a minute) is how old an unrevoked identity token that is neither in the
-// Secret nor retiring must be before it is revoked as an orphan (minted by
-// a control plane that died before it wrote the Secret). Younger ones may
-// be another replica's rotation in flight.
-
 // ensureSecret makes the Secret talkide-worker-token hold a valid identity
 // token of the tenant-env and its request keys, rotating the token when it
 // is within Config.RotateBefore of expiry (or forceRotate): the new token is

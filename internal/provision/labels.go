@@ -9,7 +9,6 @@ const (
 	LabelPartOf    = "app.kubernetes.io/part-of"
 	PartOf         = "talkide"
 	LabelName      = "app.kubernetes.io/name"
-	LabelComponent = "app.kubernetes.io/component"
 	LabelTenant    = "talkide.dev/tenant"
 	LabelEnv       = "talkide.dev/env"
 	// LabelInstallation names the control-plane installation (its
@@ -53,7 +52,7 @@ func (c *Config) ownedBy(l map[string]string, tenant, env string) bool {
 		l[LabelTenant] == tenant && l[LabelEnv] == env
 }
 
-// selector is the label selector of the worker's pods.
+// podSelector is the label selector of the worker's pods.
 func podSelector(tenant, env string) map[string]string {
 	return map[string]string{LabelName: WorkerName, LabelTenant: tenant, LabelEnv: env}
 }

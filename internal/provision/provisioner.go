@@ -18,6 +18,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -69,7 +70,11 @@ type K8sWorkerProvisioner struct {
 	// mu): at most once a resync period.
 	policyApplied time.Time
 
-	// orphanAge: see identity.go. afterStep, when set (tests, through
+	// orphanAge (a minute) is how old an unrevoked identity token that is
+	// neither in the Secret nor retiring must be before it is revoked as
+	// an orphan (minted by a control plane that died before it wrote the
+	// Secret); younger ones may be another replica's rotation in flight.
+	// afterStep, when set (tests, through
 	// export_test.go), runs after each step of a reconcile ("namespace",
 	// "rbac", "identity-issued", "secret", "pvc", "network", "deployment");
 	// an error from it ends the reconcile as a crash would.
@@ -119,9 +124,6 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 		orphanAge: time.Minute,
 	}, nil
 }
-
-// Config returns the provisioner's validated configuration.
-func (p *K8sWorkerProvisioner) Config() Config { return p.cfg }
 
 func (p *K8sWorkerProvisioner) keyLock(tenant, env string) *keyLock {
 	p.mu.Lock()
@@ -278,7 +280,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := p.ensureJobPolicy(ctx); err != nil {
 		return err
 	}
-	for _, obj := range []any{quotaObject(&p.cfg, tenant, env), serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
+	for _, obj := range []object{quotaObject(&p.cfg, tenant, env), serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
 		if err := p.applyObject(ctx, obj); err != nil {
 			return err
 		}
@@ -303,7 +305,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err != nil {
 		return err
 	}
-	for _, obj := range []any{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer), jobsNetworkPolicyObject(&p.cfg, tenant, env)} {
+	for _, obj := range []object{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer), jobsNetworkPolicyObject(&p.cfg, tenant, env)} {
 		if err := p.applyObject(ctx, obj); err != nil {
 			return err
 		}
@@ -324,50 +326,56 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	return nil
 }
 
+// object is a desired object: its TypeMeta names its kind.
+type object interface {
+	metav1.Object
+	runtime.Object
+}
+
+// patchFunc is the Patch method of a typed client, its result dropped.
+type patchFunc func(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) error
+
+func patchOf[T any](f func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error)) patchFunc {
+	return func(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) error {
+		_, err := f(ctx, name, pt, data, opts, sub...)
+		return err
+	}
+}
+
 // applyObject server-side applies one desired object.
-func (p *K8sWorkerProvisioner) applyObject(ctx context.Context, obj any) error {
+func (p *K8sWorkerProvisioner) applyObject(ctx context.Context, obj object) error {
 	data, err := json.Marshal(obj)
 	if err != nil {
 		return err
 	}
-	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}
-	var kind, name string
-	switch o := obj.(type) {
+	ns := obj.GetNamespace()
+	var patch patchFunc
+	switch obj.(type) {
 	case *corev1.Namespace:
-		kind, name = "Namespace", o.Name
-		_, err = p.kube.CoreV1().Namespaces().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.CoreV1().Namespaces().Patch)
 	case *corev1.ServiceAccount:
-		kind, name = "ServiceAccount", o.Name
-		_, err = p.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.CoreV1().ServiceAccounts(ns).Patch)
 	case *corev1.Service:
-		kind, name = "Service", o.Name
-		_, err = p.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.CoreV1().Services(ns).Patch)
 	case *corev1.ResourceQuota:
-		kind, name = "ResourceQuota", o.Name
-		_, err = p.kube.CoreV1().ResourceQuotas(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.CoreV1().ResourceQuotas(ns).Patch)
 	case *rbacv1.Role:
-		kind, name = "Role", o.Name
-		_, err = p.kube.RbacV1().Roles(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.RbacV1().Roles(ns).Patch)
 	case *rbacv1.RoleBinding:
-		kind, name = "RoleBinding", o.Name
-		_, err = p.kube.RbacV1().RoleBindings(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.RbacV1().RoleBindings(ns).Patch)
 	case *networkingv1.NetworkPolicy:
-		kind, name = "NetworkPolicy", o.Name
-		_, err = p.kube.NetworkingV1().NetworkPolicies(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.NetworkingV1().NetworkPolicies(ns).Patch)
 	case *admissionv1.ValidatingAdmissionPolicy:
-		kind, name = "ValidatingAdmissionPolicy", o.Name
-		_, err = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch)
 	case *admissionv1.ValidatingAdmissionPolicyBinding:
-		kind, name = "ValidatingAdmissionPolicyBinding", o.Name
-		_, err = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch)
 	case *appsv1.Deployment:
-		kind, name = "Deployment", o.Name
-		_, err = p.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		patch = patchOf(p.kube.AppsV1().Deployments(ns).Patch)
 	default:
 		return fmt.Errorf("provision: cannot apply %T", obj)
 	}
-	if err != nil {
-		return apiError("apply "+kind+" "+name, err)
+	if err := patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}); err != nil {
+		return apiError("apply "+obj.GetObjectKind().GroupVersionKind().Kind+" "+obj.GetName(), err)
 	}
 	return nil
 }

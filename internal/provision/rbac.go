@@ -29,7 +29,8 @@ const ControlPlaneServiceAccount = "talkide-controlplane"
 // ClusterRole is what the control plane's ServiceAccount needs for the
 // K8sWorkerProvisioner, bound with a ClusterRoleBinding: the one written
 // definition of it (`talkide-controlplane clusterrole` prints it with
-// ScopePolicy; the Helm chart renders them). Install ScopePolicy with it:
+// ScopePolicy and JobPolicy, for an administrator to install). Install
+// ScopePolicy with it:
 // RBAC cannot say "only in the provisioner's namespaces", the policy does.
 //
 // Why each rule:
