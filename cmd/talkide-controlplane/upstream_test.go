@@ -41,4 +41,16 @@ func TestUnreachableUpstreamShowsAtStartAndInReadiness(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(eb.Error.Message, "model upstream https://upstream.invalid") || !strings.Contains(eb.Error.Message, cause) {
 		t.Errorf("/healthz: got %d %s, want 503 naming the upstream and %q", resp.StatusCode, b, cause)
 	}
+	// The chart's probes: readiness (/readyz) says the same; liveness
+	// (/livez) does not restart a process whose upstream is away.
+	for path, want := range map[string]int{"/readyz": http.StatusServiceUnavailable, "/livez": http.StatusOK} {
+		resp, err := http.Get(p.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: got %d, want %d", path, resp.StatusCode, want)
+		}
+	}
 }

@@ -39,7 +39,16 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
 	s.mux.Handle("POST /api/conversations/{id}/permissions/{request_id}", h(s.answerPermission))
 	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
+	// Readiness: /healthz and /readyz (the Kubernetes name) check the
+	// database, the upstream and the workers of TALKIDE_HEALTH_WORKERS, and
+	// turn 503 once shutdown begins. Liveness: /livez answers while the
+	// process serves HTTP at all, so a database outage takes replicas out
+	// of the Service without restarting them.
 	s.mux.Handle("GET /healthz", h(s.healthz))
+	s.mux.Handle("GET /readyz", h(s.healthz))
+	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	s.mux.Handle("POST "+contract.PathMint, m)
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
