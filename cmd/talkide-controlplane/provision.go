@@ -1,5 +1,7 @@
 package main
 
+//go:generate sh -c "go run . clusterrole > ../../deploy/helm/talkide/files/cluster-policies.yaml"
+
 import (
 	"context"
 	"encoding/json"
@@ -99,6 +101,13 @@ func provisionFromEnv(cfg *controlplane.Config) error {
 		return fmt.Errorf("TALKIDE_WORKER_ENV: %w", err)
 	}
 	p.Env = env
+	if v := os.Getenv("TALKIDE_CONFIG_REVISION"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("TALKIDE_CONFIG_REVISION %q: want a positive integer (the chart sets the Helm release revision)", v)
+		}
+		p.ConfigRevision = n
+	}
 	for name, dst := range map[string]*time.Duration{
 		"TALKIDE_IDENTITY_TTL": &p.IdentityTTL, "TALKIDE_IDENTITY_ROTATE_BEFORE": &p.RotateBefore,
 		"TALKIDE_IDENTITY_ROTATION_GRACE": &p.Grace, "TALKIDE_PROVISION_WAIT": &p.TerminatingWait, "TALKIDE_PROVISION_RESYNC": &p.Resync,
@@ -203,6 +212,8 @@ func provisionCommand(ctx context.Context, name string, args []string, out io.Wr
 // ClusterRole, the admission policy (with its binding) that confines it to
 // the namespaces it makes, and the one that keeps workers' Jobs
 // unprivileged: what an administrator installs with the control plane.
+// The chart carries the same objects (TestChartCarriesTheClusterPolicies;
+// go generate writes them there).
 func printClusterRole(out io.Writer) error {
 	pol, bind := provision.ScopePolicy()
 	jobs, jobsBind := provision.JobPolicy()

@@ -143,6 +143,12 @@ func provisionError(err error) error {
 		return httpapi.Wrap(http.StatusNotFound, contract.ErrTypeNotFound, pe.Message, err)
 	case provision.ReasonPolicyMissing:
 		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, pe.Message, err)
+	case provision.ReasonOutdatedConfig:
+		// A replica of the rollout being replaced: the request is
+		// recorded, a replica of the new configuration applies it.
+		e := httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, pe.Message+"; the request is recorded and a newer replica applies it, retry to see its status", err)
+		e.Header = http.Header{"Retry-After": {"5"}}
+		return e
 	case provision.ReasonAPIError:
 		return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "the Kubernetes API refused or could not be reached: "+pe.Message, err)
 	}

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -189,4 +191,33 @@ func (db *DB) InstallationID(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("installation id: %w", err)
 	}
 	return id, nil
+}
+
+// RaiseConfigRevision records rev as the control plane's configuration
+// revision (TALKIDE_CONFIG_REVISION: the Helm release revision the chart
+// gives each rollout) unless a higher one is recorded, and returns the
+// highest recorded, rev included. Control planes of an older revision leave
+// the workers to the newer (provision.Config.ConfigRevision); rev <= 0
+// records nothing and returns the recorded one (0 when none).
+func (db *DB) RaiseConfigRevision(ctx context.Context, rev int64) (int64, error) {
+	if rev > 0 {
+		if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO installation (name, value) VALUES ('config_revision', ?)
+			ON CONFLICT (name) DO UPDATE SET value = excluded.value
+			WHERE CAST(installation.value AS BIGINT) < CAST(excluded.value AS BIGINT)`), strconv.FormatInt(rev, 10)); err != nil {
+			return 0, fmt.Errorf("record configuration revision: %w", err)
+		}
+	}
+	var v string
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT value FROM installation WHERE name = 'config_revision'`)).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("configuration revision: %w", err)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("configuration revision %q: %w", v, err)
+	}
+	return n, nil
 }

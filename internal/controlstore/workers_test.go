@@ -63,6 +63,12 @@ func testWorkerRecords(t *testing.T, db *DB) {
 	if id2, _ := db.InstallationID(ctx); id2 != id1 {
 		t.Errorf("installation id changed: %q then %q", id1, id2)
 	}
+	// The configuration revision only rises; 0 reads it.
+	for _, c := range []struct{ rev, want int64 }{{0, 0}, {3, 3}, {2, 3}, {0, 3}, {12, 12}, {9, 12}} {
+		if got, err := db.RaiseConfigRevision(ctx, c.rev); err != nil || got != c.want {
+			t.Errorf("RaiseConfigRevision(%d) = %d, %v; want %d", c.rev, got, err, c.want)
+		}
+	}
 	g3, _ := db.SetWorkerDesired(ctx, "acme", "prod", WorkerPresent, at)
 	if err := db.DeleteWorkerRecord(ctx, "acme", "prod", g3); !errors.Is(err, ErrNotFound) {
 		t.Errorf("deleted a record that wants its worker present: %v", err)

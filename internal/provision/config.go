@@ -98,7 +98,14 @@ type Config struct {
 	// and {env} replaced (reported in Status). Default
 	// http://talkide-worker.{tenant}-{env}.svc.cluster.local:8080.
 	WorkerURLTemplate string
-	Logger            *slog.Logger
+	// ConfigRevision orders control-plane configurations
+	// [TALKIDE_CONFIG_REVISION; the chart sets the Helm release revision].
+	// A control plane leaves the workers alone (its provisions and resyncs
+	// answer OutdatedConfig) once one of a higher revision has started with
+	// the same database, so a rolling update rolls each worker once, to the
+	// new image. 0 (the default): unordered, never refused.
+	ConfigRevision int64
+	Logger         *slog.Logger
 
 	// installationID is the database's (controlstore InstallationID): set
 	// by New, part of every object's labels.
@@ -212,6 +219,9 @@ func (c *Config) Validate() error {
 	if c.WorkerURLTemplate == "" {
 		c.WorkerURLTemplate = "http://talkide-worker.{tenant}-{env}.svc.cluster.local:8080"
 	}
+	if c.ConfigRevision < 0 {
+		errs = append(errs, fmt.Errorf("TALKIDE_CONFIG_REVISION %d: want a positive integer, or unset", c.ConfigRevision))
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -237,6 +247,7 @@ const (
 	ReasonAPIError             = "APIError"        // the cluster refused or could not be reached
 	ReasonReconcileFailed      = "ReconcileFailed" // the worker runs, but the last reconcile failed (last_error)
 	ReasonPolicyMissing        = "PolicyMissing"   // the admission policy on workers' Jobs is not installed
+	ReasonOutdatedConfig       = "OutdatedConfig"  // a control plane of a newer configuration revision keeps the workers
 )
 
 // Error is a provisioning failure with its Reason.

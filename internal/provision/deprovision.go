@@ -134,6 +134,10 @@ func (p *K8sWorkerProvisioner) Run(ctx context.Context) {
 // ReconcileAll is one resync pass (see Run). It goes on past a failing
 // worker and returns the failures joined.
 func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
+	if err := p.checkConfigRevision(ctx); err != nil {
+		p.cfg.Logger.Debug("worker resync skipped", "err", err)
+		return nil
+	}
 	recs, err := p.store.WorkerRecords(ctx)
 	if err != nil {
 		return err

@@ -728,3 +728,59 @@ func TestDeletedSecretKeepsTheMountedTokenForItsGrace(t *testing.T) {
 		t.Fatalf("status: %+v", st.Identity)
 	}
 }
+
+// During a rolling update of the control plane its old and new replicas
+// both run, sharing the database: the old ones must not put the old worker
+// image back at each resync (every worker would roll back and forth until
+// the last old replica stopped). A control plane of a newer configuration
+// revision takes the workers over; the older one's resync leaves them, and
+// a provision through it is recorded and refused with OutdatedConfig.
+func TestOlderConfigurationLeavesTheWorkersToTheNewer(t *testing.T) {
+	r := newRig(t, func(c *provision.Config) { c.ConfigRevision = 3; c.Image = "example.invalid/talkide-worker:old" })
+	ctx := context.Background()
+	tn, ns := r.provisioned()
+	image := func() string {
+		d, err := r.kube.AppsV1().Deployments(ns).Get(ctx, provision.WorkerName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Spec.Template.Spec.Containers[0].Image
+	}
+	old := r.p
+	r.cfg.ConfigRevision, r.cfg.Image = 4, "example.invalid/talkide-worker:new"
+	newer := r.another(r.kube)
+	if err := newer.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := image(); got != r.cfg.Image {
+		t.Fatalf("the newer control plane's resync left image %s", got)
+	}
+	if err := old.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := image(); got != r.cfg.Image {
+		t.Fatalf("the older control plane's resync put back image %s", got)
+	}
+	tn2 := r.tenant()
+	if _, err := old.Provision(ctx, tn2, "dev"); reasonOf(err) != provision.ReasonOutdatedConfig {
+		t.Fatalf("a provision through the older control plane: %v; want OutdatedConfig", err)
+	}
+	if st, _ := old.Status(ctx, tn2, "dev"); st.Desired != "present" || st.LastError != "" {
+		t.Fatalf("the refused provision was not recorded for the newer one (or recorded as the worker's error): %+v", st)
+	}
+	if err := newer.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.p = newer
+	r.waitPhase(tn2, "dev", provision.PhaseReady)
+	r.waitPhase(tn, "dev", provision.PhaseReady)
+	// A control plane restarted with the older configuration (a crashed
+	// old pod coming back mid-rollout) does not take the workers back.
+	r.cfg.ConfigRevision, r.cfg.Image = 3, "example.invalid/talkide-worker:old"
+	if err := r.another(r.kube).ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := image(); got != "example.invalid/talkide-worker:new" {
+		t.Fatalf("a restarted older control plane put back image %s", got)
+	}
+}

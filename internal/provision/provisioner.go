@@ -40,6 +40,7 @@ type Store interface {
 	RevokeIdentityToken(ctx context.Context, jti string, at time.Time) error
 	SetWorkerIdentity(ctx context.Context, tenant, env, jti string) error
 	InstallationID(ctx context.Context) (string, error)
+	RaiseConfigRevision(ctx context.Context, rev int64) (int64, error)
 }
 
 var _ Store = (*controlstore.DB)(nil)
@@ -105,6 +106,13 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 		return nil, err
 	}
 	cfg.installationID = id
+	// A control plane started with a newer configuration takes the
+	// workers over from here on (see Config.ConfigRevision).
+	if cfg.ConfigRevision > 0 {
+		if _, err := store.RaiseConfigRevision(context.Background(), cfg.ConfigRevision); err != nil {
+			return nil, err
+		}
+	}
 	var idKeys []token.Key
 	for _, m := range masters {
 		idKeys = append(idKeys, m.Derive(token.PurposeIdentity, "", ""))
@@ -222,6 +230,10 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 	if err != nil {
 		msg = err.Error()
 		var pe *Error
+		if errors.As(err, &pe) && pe.Reason == ReasonOutdatedConfig {
+			// Not the worker's failure: the newer control plane reconciles it.
+			return err
+		}
 		if !errors.As(err, &pe) || pe.Reason != ReasonSuperseded {
 			p.cfg.Logger.Warn("worker reconcile failed", "tenant", tenant, "env", env, "generation", gen, "err", err)
 		}
@@ -247,6 +259,9 @@ func (p *K8sWorkerProvisioner) current(ctx context.Context, tenant, env string, 
 
 func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, forceRotate bool, wait time.Duration) error {
 	ns := Namespace(tenant, env)
+	if err := p.checkConfigRevision(ctx); err != nil {
+		return err
+	}
 	stillCurrent := func() error {
 		ok, err := p.current(ctx, tenant, env, gen)
 		if err != nil {
@@ -323,6 +338,26 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 		return err
 	}
 	p.cfg.Logger.Debug("worker objects applied", "namespace", ns, "generation", gen)
+	return nil
+}
+
+// checkConfigRevision refuses (OutdatedConfig) when a control plane of a
+// newer configuration revision runs: during a rolling update the old
+// replicas would otherwise apply the old worker image (and settings) at
+// each resync, and every worker Deployment would roll back and forth
+// until the last old replica stopped.
+func (p *K8sWorkerProvisioner) checkConfigRevision(ctx context.Context) error {
+	if p.cfg.ConfigRevision <= 0 {
+		return nil
+	}
+	cur, err := p.store.RaiseConfigRevision(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if cur > p.cfg.ConfigRevision {
+		return &Error{Reason: ReasonOutdatedConfig, Message: fmt.Sprintf(
+			"this control plane's configuration (revision %d) is older than that of a control plane now running (revision %d), which keeps the workers", p.cfg.ConfigRevision, cur)}
+	}
 	return nil
 }
 
