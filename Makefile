@@ -14,6 +14,11 @@ BIN := $(CURDIR)/bin
 # one place; internal/kubetest embeds the same file and names the same dir.
 include internal/kubetest/versions.env
 K8S_BIN_DIR := $(CURDIR)/.cache/k8s/k8s-$(K8S_VERSION)_etcd-$(ETCD_VERSION)_kwok-$(KWOK_VERSION)
+# Helm's pinned versions (4 and 3) live in deploy/versions.env; the chart tests
+# read the same file.
+include deploy/versions.env
+HELM := $(CURDIR)/.cache/tools/helm-$(HELM_VERSION)/helm
+HELM3 := $(CURDIR)/.cache/tools/helm-$(HELM3_VERSION)/helm
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
@@ -51,8 +56,9 @@ run: tools build
 	$(BIN)/talkide run
 
 ## test: every test, with the race detector, against the real CLI, PostgreSQL
-## and the test cluster (built first by cluster-bins)
-test: tools cluster-bins vet fmt-check
+## and the test cluster (built first by cluster-bins); the chart tests use the
+## pinned Helms (helm) and the images (images)
+test: tools cluster-bins helm images vet fmt-check
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 vet:
@@ -60,6 +66,18 @@ vet:
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
+
+## helm: build the pinned Helm 4 and Helm 3 from the Go module proxy into
+## .cache/tools/helm-<version>/ (git-ignored; about 3.5 minutes each the first time)
+.PHONY: helm
+helm: $(HELM) $(HELM3)
+
+# The version is in the path: a new pin builds anew, the old one is left.
+$(CURDIR)/.cache/tools/helm-%/helm:
+	@echo "building helm $* from the Go module proxy (a few minutes the first time; cached in $(@D))"
+	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
+	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
+	rm -rf $(@D) && mv $(@D).tmp $(@D)
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
 ## .cache/k8s/<versions>/ (git-ignored); a no-op while the versions are unchanged
