@@ -33,7 +33,11 @@ bwrap:
 			echo "bubblewrap (bwrap) is needed to contain agents: install it (Debian: sudo apt-get install bubblewrap)" >&2; exit 1; \
 		fi; }
 
-$(CLAUDE_STAMP): internal/claudecli/version.txt
+# The stamp's name holds the version, so a new version.txt misses it and
+# reinstalls; version.txt is not a prerequisite, or a fresh checkout (a git
+# worktree sharing .tools/) would look newer than the install and reinstall
+# the CLI under everyone who shares it.
+$(CLAUDE_STAMP):
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
 	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
 	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
