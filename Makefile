@@ -65,6 +65,14 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
 
+## images: build the OCI images talkide-controlplane and talkide-worker, reproducibly
+## and without a daemon, into .cache/images/ (docs/images.md); the worker's Debian
+## base is made once with debootstrap (root) and cached. Ends with one line per
+## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
+.PHONY: images
+images: tools
+	@nice -n 10 $(GO) run ./scripts/images
+
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
 ## .cache/k8s/<versions>/ (git-ignored); a no-op while the versions are unchanged
 .PHONY: cluster-bins cluster cluster-down
