@@ -24,7 +24,7 @@ import (
 // baseRecipe versions what Base does to a root filesystem after debootstrap
 // (the cleaning, the package list file). It is part of the cache key:
 // change it whenever that changes, so old caches are not reused.
-const baseRecipe = "talkide-base-1"
+const baseRecipe = "talkide-base-2"
 
 // PackagesPath is where the base records its installed packages
 // (`dpkg-query -W`), inside the image.
@@ -68,6 +68,10 @@ func (s BaseSpec) Key() string {
 // package list is beside it as packages.txt, and inside it at PackagesPath.
 // Progress goes to progress.
 func Base(ctx context.Context, s BaseSpec, cacheDir string, progress io.Writer) (string, error) {
+	cacheDir, err := filepath.Abs(cacheDir)
+	if err != nil {
+		return "", err
+	}
 	dir := filepath.Join(cacheDir, s.Key())
 	tarPath := filepath.Join(dir, "rootfs.tar")
 	if _, err := os.Stat(tarPath); err == nil {
@@ -138,6 +142,9 @@ func Base(ctx context.Context, s BaseSpec, cacheDir string, progress io.Writer) 
 		return "", err
 	}
 	os.RemoveAll(dir) // a half-made entry of an older run
+	if err := os.Chmod(work, 0o755); err != nil {
+		return "", err
+	}
 	if err := os.Rename(work, dir); err != nil {
 		return "", err
 	}
@@ -200,6 +207,9 @@ func cleanRootfs(root string) error {
 			}
 		}
 	}
+	if err := slim(root); err != nil {
+		return err
+	}
 	for _, f := range []string{"etc/machine-id", "etc/resolv.conf", "etc/hostname"} {
 		p := filepath.Join(root, f)
 		os.Remove(p) // it may be a symlink into the host's /run
@@ -208,6 +218,66 @@ func cleanRootfs(root string) error {
 		}
 	}
 	return nil
+}
+
+// slimExcludes are the documentation and translations the worker's base
+// leaves out, as dpkg path-exclude patterns (Debian's own slim images do
+// the same): about 80 MB that no agent reads. Copyright files stay.
+var slimExcludes = []string{
+	"path-exclude /usr/share/doc/*",
+	"path-include /usr/share/doc/*/copyright",
+	"path-exclude /usr/share/man/*",
+	"path-exclude /usr/share/info/*",
+	"path-exclude /usr/share/locale/*",
+	"path-include /usr/share/locale/locale.alias",
+}
+
+// slim removes what slimExcludes name and writes them as a dpkg setting,
+// so packages installed later in the image leave them out too.
+func slim(root string) error {
+	for _, d := range []string{"usr/share/man", "usr/share/info"} {
+		if err := emptyDir(filepath.Join(root, d)); err != nil {
+			return err
+		}
+	}
+	locale := filepath.Join(root, "usr/share/locale")
+	ents, _ := os.ReadDir(locale)
+	for _, e := range ents {
+		if e.Name() != "locale.alias" {
+			if err := os.RemoveAll(filepath.Join(locale, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	doc := filepath.Join(root, "usr/share/doc")
+	err := filepath.WalkDir(doc, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == doc {
+			return err
+		}
+		rel, _ := filepath.Rel(doc, p)
+		if !strings.Contains(rel, "/") {
+			return nil // a package's directory (or a link to another's)
+		}
+		if filepath.Base(p) == "copyright" && !strings.Contains(filepath.Dir(rel), "/") {
+			return nil
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return fs.SkipDir
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	cfg := filepath.Join(root, "etc/dpkg/dpkg.cfg.d")
+	if err := os.MkdirAll(cfg, 0o755); err != nil {
+		return err
+	}
+	text := "# TalkIDE worker image (internal/imagebuild): no documentation or translations\n" + strings.Join(slimExcludes, "\n") + "\n"
+	return os.WriteFile(filepath.Join(cfg, "talkide-slim"), []byte(text), 0o644)
 }
 
 // emptyDir removes what is in dir (below any mount point it crosses, which

@@ -566,6 +566,8 @@ func TestCleanAndPackRootfs(t *testing.T) {
 		"var/lib/apt/lists/deb.debian.org_dists_bookworm_InRelease": "x", "var/cache/apt/pkgcache.bin": "x",
 		"var/lib/dpkg/status": "Package: bash\n", "var/lib/dpkg/status-old": "old", "var/cache/ldconfig/aux-cache": "x",
 		"usr/bin/a": "same inode", "usr/bin/su": "su", "dev/null": "",
+		"usr/share/doc/bash/copyright": "GPL", "usr/share/doc/bash/README.gz": "x", "usr/share/doc/bash/examples/a": "x",
+		"usr/share/man/man1/bash.1.gz": "x", "usr/share/locale/de/LC_MESSAGES/bash.mo": "x", "usr/share/locale/locale.alias": "alias",
 	}
 	for n, data := range files {
 		p := filepath.Join(root, n)
@@ -583,6 +585,9 @@ func TestCleanAndPackRootfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("bash", filepath.Join(root, "usr/share/doc/bash-builtins")); err != nil {
 		t.Fatal(err)
 	}
 	if err := cleanRootfs(root); err != nil {
@@ -624,6 +629,11 @@ func TestCleanAndPackRootfs(t *testing.T) {
 	want := map[string]string{
 		"bin": "2 -> usr/bin", "dev": "5 ", "etc": "5 ", "etc/hostname": "0 ", "etc/machine-id": "0 ", "etc/resolv.conf": "0 ",
 		"usr": "5 ", "usr/bin": "5 ", "usr/bin/a": "0 same inode", "usr/bin/b": "1 -> usr/bin/a", "usr/bin/su": "0 su setuid",
+		"usr/share": "5 ", "usr/share/doc": "5 ", "usr/share/doc/bash": "5 ", "usr/share/doc/bash/copyright": "0 GPL",
+		"usr/share/doc/bash-builtins": "2 -> bash", "usr/share/man": "5 ", "usr/share/locale": "5 ", "usr/share/locale/locale.alias": "0 alias",
+		"etc/dpkg": "5 ", "etc/dpkg/dpkg.cfg.d": "5 ",
+		"etc/dpkg/dpkg.cfg.d/talkide-slim": "0 # TalkIDE worker image (internal/imagebuild): no documentation or translations\n" +
+			strings.Join(slimExcludes, "\n") + "\n",
 		"var": "5 ", "var/cache": "5 ", "var/cache/apt": "5 ", "var/cache/ldconfig": "5 ",
 		"var/lib": "5 ", "var/lib/apt": "5 ", "var/lib/apt/lists": "5 ", "var/lib/dpkg": "5 ", "var/lib/dpkg/status": "0 Package: bash\n",
 		"var/log": "5 ", "var/log/apt": "5 ", "var/log/wtmp": "0 ",

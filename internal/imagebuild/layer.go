@@ -3,7 +3,6 @@ package imagebuild
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -17,10 +16,14 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/gzip"
 )
 
-// gzipLevel is the compression of every layer. It is part of what makes a
-// digest: changing it (or the Go release's compress/flate) changes digests.
+// gzipLevel is the compression of every layer, with klauspost/compress's
+// gzip (already a dependency of go-containerregistry; about twice as fast as
+// compress/gzip at the same ratio, which matters for a 400 MB CLI). Its
+// output is deterministic for a given version: the level and the version
+// pinned in go.mod are part of what makes a digest.
 const gzipLevel = gzip.DefaultCompression
 
 // entry is one member of a layer: its header and its content, held in Data

@@ -3,6 +3,7 @@ package imagebuild
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,7 +68,18 @@ func Write(img v1.Image, imageName, version, outDir string) (Result, error) {
 	})); err != nil {
 		return r, fmt.Errorf("write OCI layout: %w", err)
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	// Readable by all, as a layout served or copied by another user must be
+	// (the library writes some blobs through 0600 temporary files).
+	err = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Chmod(p, 0o755)
+		}
+		return os.Chmod(p, 0o644)
+	})
+	if err != nil {
 		return r, err
 	}
 	if err := os.RemoveAll(r.Layout); err != nil {
