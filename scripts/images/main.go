@@ -124,7 +124,7 @@ func run(ctx context.Context, c config) error {
 			return err
 		}
 	}
-	fmt.Fprintf(log, "assembling the images (version %s, SOURCE_DATE_EPOCH %d)\n", c.meta.Version, c.meta.Created.Unix())
+	fmt.Fprintf(log, "assembling the images: writing and compressing their layers, about half a minute (version %s, SOURCE_DATE_EPOCH %d)\n", c.meta.Version, c.meta.Created.Unix())
 	cp, err := imagebuild.ControlPlaneImage(imagebuild.ControlPlane{Binary: bins[imagebuild.ControlPlaneName], Base: base},
 		c.meta, filepath.Join(work, "layers-controlplane"))
 	if err != nil {
