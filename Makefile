@@ -38,7 +38,11 @@ bwrap:
 			echo "bubblewrap (bwrap) is needed to contain agents: install it (Debian: sudo apt-get install bubblewrap)" >&2; exit 1; \
 		fi; }
 
-$(CLAUDE_STAMP): internal/claudecli/version.txt
+# The stamp's name holds the version, so a new version.txt misses it and
+# reinstalls; version.txt is not a prerequisite, or a fresh checkout (a git
+# worktree sharing .tools/) would look newer than the install and reinstall
+# the CLI under everyone who shares it.
+$(CLAUDE_STAMP):
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
 	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
 	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
@@ -78,6 +82,14 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
+
+## images: build the OCI images talkide-controlplane and talkide-worker, reproducibly
+## and without a daemon, into .cache/images/ (docs/images.md); the worker's Debian
+## base is made once with debootstrap (root) and cached. Ends with one line per
+## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
+.PHONY: images
+images: tools
+	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
 ## .cache/k8s/<versions>/ (git-ignored); a no-op while the versions are unchanged

@@ -1,0 +1,26 @@
+// Package imagebuild builds TalkIDE's two OCI images without a container
+// daemon and reproducibly: talkide-controlplane (the static control-plane
+// binary on a minimal base of a few files) and talkide-worker (the worker
+// binary and the pinned Claude Code CLI on a Debian base made with
+// debootstrap). `make images` (scripts/images) drives it.
+//
+// Main parts:
+//   - Base makes the Debian root filesystem with debootstrap and caches it as
+//     a tarball under <out>/base/<key>/, key = hash of suite, mirror and
+//     package list (and this package's recipe version).
+//   - ControlPlaneImage and WorkerImage assemble an image from files on disk
+//     (binaries, the CLI's directory, the base tarball).
+//   - Write stores an image as an OCI image layout at <out>/oci/<name>/ and as
+//     a tarball <out>/<name>.tar, and returns the digest.
+//
+// Reproducible: every layer is written by this package from entries sorted
+// by name, with numeric owners and no owner names, modification times
+// clamped to Meta.Created (SOURCE_DATE_EPOCH) and a fixed gzip setting, and
+// the config's created time is that same instant; so the same inputs give
+// the same digests. The rest (manifests, config, layout, tarball) is
+// go-containerregistry's. ko is not used: it would build the Go binaries
+// itself but gives no control over a Debian base's layer, which this needs.
+//
+// It is not a general image builder: the images' contents are fixed here,
+// and it only writes to disk (pushing is crane's job, see docs/images.md).
+package imagebuild
