@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -193,31 +191,34 @@ func (db *DB) InstallationID(ctx context.Context) (string, error) {
 	return id, nil
 }
 
-// RaiseConfigRevision records rev as the control plane's configuration
-// revision (TALKIDE_CONFIG_REVISION: the Helm release revision the chart
-// gives each rollout) unless a higher one is recorded, and returns the
-// highest recorded, rev included. Control planes of an older revision leave
-// the workers to the newer (provision.Config.ConfigRevision); rev <= 0
-// records nothing and returns the recorded one (0 when none).
-func (db *DB) RaiseConfigRevision(ctx context.Context, rev int64) (int64, error) {
-	if rev > 0 {
-		if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO installation (name, value) VALUES ('config_revision', ?)
-			ON CONFLICT (name) DO UPDATE SET value = excluded.value
-			WHERE CAST(installation.value AS BIGINT) < CAST(excluded.value AS BIGINT)`), strconv.FormatInt(rev, 10)); err != nil {
-			return 0, fmt.Errorf("record configuration revision: %w", err)
-		}
+// ClaimConfigRevision records that a control plane of configuration
+// revision rev (TALKIDE_CONFIG_REVISION: the Helm release revision the
+// chart gives each rollout) runs at now, unless one of a higher revision
+// was seen within staleAfter, and returns the revision now in charge: rev,
+// or the higher one. Control planes of an older revision leave the workers
+// to the one in charge (provision.Config.ConfigRevision); a revision no
+// longer seen (its release uninstalled, its rollout undone) gives way to
+// any other after staleAfter. Errors are the database's.
+func (db *DB) ClaimConfigRevision(ctx context.Context, rev int64, now time.Time, staleAfter time.Duration) (int64, error) {
+	if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO config_revision (id, revision, seen_at) VALUES (1, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET revision = excluded.revision, seen_at = excluded.seen_at
+		WHERE config_revision.revision <= excluded.revision OR config_revision.seen_at < ?`),
+		rev, now.UnixMilli(), now.Add(-staleAfter).UnixMilli()); err != nil {
+		return 0, fmt.Errorf("record configuration revision: %w", err)
 	}
-	var v string
-	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT value FROM installation WHERE name = 'config_revision'`)).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
+	return db.ConfigRevision(ctx)
+}
+
+// ConfigRevision returns the configuration revision in charge (see
+// ClaimConfigRevision), 0 when none was ever claimed.
+func (db *DB) ConfigRevision(ctx context.Context) (int64, error) {
+	var cur int64
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT revision FROM config_revision WHERE id = 1`)).Scan(&cur)
+	if err == sql.ErrNoRows {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("configuration revision: %w", err)
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("configuration revision %q: %w", v, err)
-	}
-	return n, nil
+	return cur, nil
 }

@@ -63,10 +63,20 @@ func testWorkerRecords(t *testing.T, db *DB) {
 	if id2, _ := db.InstallationID(ctx); id2 != id1 {
 		t.Errorf("installation id changed: %q then %q", id1, id2)
 	}
-	// The configuration revision only rises; 0 reads it.
-	for _, c := range []struct{ rev, want int64 }{{0, 0}, {3, 3}, {2, 3}, {0, 3}, {12, 12}, {9, 12}} {
-		if got, err := db.RaiseConfigRevision(ctx, c.rev); err != nil || got != c.want {
-			t.Errorf("RaiseConfigRevision(%d) = %d, %v; want %d", c.rev, got, err, c.want)
+	// The newest configuration revision seen stays in charge; one no
+	// longer seen gives way.
+	if got, err := db.ConfigRevision(ctx); err != nil || got != 0 {
+		t.Errorf("ConfigRevision before any claim = %d, %v; want 0", got, err)
+	}
+	t0 := time.UnixMilli(1_000_000)
+	for _, c := range []struct {
+		rev   int64
+		after time.Duration
+		want  int64
+	}{{3, 0, 3}, {2, time.Second, 3}, {3, 2 * time.Second, 3}, {12, 3 * time.Second, 12}, {9, 4 * time.Second, 12},
+		{9, 3*time.Second + time.Minute, 12}, {9, 3*time.Second + time.Minute + time.Millisecond, 9}, {12, time.Hour, 12}} {
+		if got, err := db.ClaimConfigRevision(ctx, c.rev, t0.Add(c.after), time.Minute); err != nil || got != c.want {
+			t.Errorf("ClaimConfigRevision(%d at +%v) = %d, %v; want %d", c.rev, c.after, got, err, c.want)
 		}
 	}
 	g3, _ := db.SetWorkerDesired(ctx, "acme", "prod", WorkerPresent, at)

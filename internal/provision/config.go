@@ -102,8 +102,11 @@ type Config struct {
 	// [TALKIDE_CONFIG_REVISION; the chart sets the Helm release revision].
 	// A control plane leaves the workers alone (its provisions and resyncs
 	// answer OutdatedConfig) once one of a higher revision has started with
-	// the same database, so a rolling update rolls each worker once, to the
-	// new image. 0 (the default): unordered, never refused.
+	// the same database and while it is seen (it says so at least every
+	// Resync; unseen for three Resyncs, as after an uninstall whose
+	// reinstall starts again at revision 1, it gives way), so a rolling
+	// update rolls each worker once, to the new image. 0 (the default):
+	// unordered, never refused.
 	ConfigRevision int64
 	Logger         *slog.Logger
 
@@ -111,6 +114,10 @@ type Config struct {
 	// by New, part of every object's labels.
 	installationID string
 }
+
+// revisionStale is how long a configuration revision stays in charge
+// unseen.
+func (c *Config) revisionStale() time.Duration { return 3 * c.Resync }
 
 // reserved are the worker settings the provisioner sets itself.
 var reserved = map[string]bool{

@@ -40,7 +40,8 @@ type Store interface {
 	RevokeIdentityToken(ctx context.Context, jti string, at time.Time) error
 	SetWorkerIdentity(ctx context.Context, tenant, env, jti string) error
 	InstallationID(ctx context.Context) (string, error)
-	RaiseConfigRevision(ctx context.Context, rev int64) (int64, error)
+	ClaimConfigRevision(ctx context.Context, rev int64, now time.Time, staleAfter time.Duration) (int64, error)
+	ConfigRevision(ctx context.Context) (int64, error)
 }
 
 var _ Store = (*controlstore.DB)(nil)
@@ -70,6 +71,9 @@ type K8sWorkerProvisioner struct {
 	// policyApplied is when the Job policy was last applied (guarded by
 	// mu): at most once a resync period.
 	policyApplied time.Time
+	// claimedAt is when this control plane last said its configuration
+	// revision runs (guarded by mu; see checkConfigRevision).
+	claimedAt time.Time
 
 	// orphanAge (a minute) is how old an unrevoked identity token that is
 	// neither in the Secret nor retiring must be before it is revoked as
@@ -109,7 +113,7 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 	// A control plane started with a newer configuration takes the
 	// workers over from here on (see Config.ConfigRevision).
 	if cfg.ConfigRevision > 0 {
-		if _, err := store.RaiseConfigRevision(context.Background(), cfg.ConfigRevision); err != nil {
+		if _, err := store.ClaimConfigRevision(context.Background(), cfg.ConfigRevision, time.Now(), cfg.revisionStale()); err != nil {
 			return nil, err
 		}
 	}
@@ -345,18 +349,36 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 // newer configuration revision runs: during a rolling update the old
 // replicas would otherwise apply the old worker image (and settings) at
 // each resync, and every worker Deployment would roll back and forth
-// until the last old replica stopped.
+// until the last old replica stopped. Each check also says this revision
+// is seen (a database write at most every few seconds, a read otherwise:
+// not a write per worker of a resync pass).
 func (p *K8sWorkerProvisioner) checkConfigRevision(ctx context.Context) error {
 	if p.cfg.ConfigRevision <= 0 {
 		return nil
 	}
-	cur, err := p.store.RaiseConfigRevision(ctx, 0)
+	now := p.now()
+	p.mu.Lock()
+	claim := now.Sub(p.claimedAt) >= min(p.cfg.Resync/3, 5*time.Second)
+	p.mu.Unlock()
+	var cur int64
+	var err error
+	if claim {
+		cur, err = p.store.ClaimConfigRevision(ctx, p.cfg.ConfigRevision, now, p.cfg.revisionStale())
+		if err == nil {
+			p.mu.Lock()
+			p.claimedAt = now
+			p.mu.Unlock()
+		}
+	} else {
+		cur, err = p.store.ConfigRevision(ctx)
+	}
 	if err != nil {
 		return err
 	}
 	if cur > p.cfg.ConfigRevision {
 		return &Error{Reason: ReasonOutdatedConfig, Message: fmt.Sprintf(
-			"this control plane's configuration (revision %d) is older than that of a control plane now running (revision %d), which keeps the workers", p.cfg.ConfigRevision, cur)}
+			"this control plane's configuration (revision %d) is older than that of a control plane now running (revision %d), which keeps the workers (it gives way once unseen for %v)",
+			p.cfg.ConfigRevision, cur, p.cfg.revisionStale())}
 	}
 	return nil
 }
