@@ -272,7 +272,8 @@ func digestOf(t *testing.T, img v1.Image) v1.Hash {
 	return d
 }
 
-func layoutManifest(t *testing.T, r Result) *v1.Manifest {
+// layoutImage reads the image of r back from its OCI layout.
+func layoutImage(t *testing.T, r Result) v1.Image {
 	t.Helper()
 	idx, err := layout.ImageIndexFromPath(r.Layout)
 	if err != nil {
@@ -282,7 +283,12 @@ func layoutManifest(t *testing.T, r Result) *v1.Manifest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := img.Manifest()
+	return img
+}
+
+func layoutManifest(t *testing.T, r Result) *v1.Manifest {
+	t.Helper()
+	m, err := layoutImage(t, r).Manifest()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,14 +404,7 @@ func TestPushToRegistry(t *testing.T) {
 	_, r := buildControlPlane(t, fakeBase(t), testMeta)
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
-	idx, err := layout.ImageIndexFromPath(r.Layout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := idx.Image(r.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := layoutImage(t, r)
 	host := strings.TrimPrefix(srv.URL, "http://")
 	tag, err := name.NewTag(host+"/talkide/talkide-controlplane:v0-test", name.Insecure)
 	if err != nil {
@@ -458,14 +457,7 @@ func TestWorkerImage(t *testing.T) {
 	if a.Digest != b.Digest {
 		t.Errorf("two builds of the same inputs: digests %s and %s, want equal", a.Digest, b.Digest)
 	}
-	idx, err := layout.ImageIndexFromPath(a.Layout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := idx.Image(a.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := layoutImage(t, a)
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
