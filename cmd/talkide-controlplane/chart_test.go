@@ -514,6 +514,27 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 	if old.Err != nil {
 		t.Errorf("the old control plane's exit: %v\n%s", old.Err, old.Log())
 	}
+
+	// Uninstalled, the release leaves the policies its workers' Jobs need
+	// (the workers outlive it), and a new install of it adopts them.
+	if out, err := helm(t, bins["4"], c.Kubeconfig(), "uninstall", "talkide", "-n", ns, "--wait"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	adm := kube.AdmissionregistrationV1()
+	for _, name := range []string{provision.JobPolicyName, provision.ScopePolicyName} {
+		if _, err := adm.ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("after helm uninstall, ValidatingAdmissionPolicy %s: %v", name, err)
+		}
+		if _, err := adm.ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("after helm uninstall, ValidatingAdmissionPolicyBinding %s: %v", name, err)
+		}
+	}
+	if _, err := kube.AppsV1().Deployments(provision.Namespace(tenants[0], "dev")).Get(ctx, provision.WorkerName, metav1.GetOptions{}); err != nil {
+		t.Errorf("after helm uninstall, the worker: %v", err)
+	}
+	if out, err := helm(t, bins["4"], c.Kubeconfig(), install...); err != nil {
+		t.Fatalf("install again after uninstall: %v\n%s", err, out)
+	}
 }
 
 func randomHex(n int) string {

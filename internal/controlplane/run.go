@@ -39,13 +39,14 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
 	s.mux.Handle("POST /api/conversations/{id}/permissions/{request_id}", h(s.answerPermission))
 	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
-	// Readiness: /healthz and /readyz (the Kubernetes name) check the
-	// database, the upstream and the workers of TALKIDE_HEALTH_WORKERS, and
-	// turn 503 once shutdown begins. Liveness: /livez answers while the
-	// process serves HTTP at all, so a database outage takes replicas out
-	// of the Service without restarting them.
+	// Health: /healthz checks the database, the model upstream and the
+	// workers of TALKIDE_HEALTH_WORKERS (what an operator or `talkide run`
+	// waits for). Readiness, /readyz: this replica's database, and not
+	// shutting down. Both turn 503 once shutdown begins. Liveness: /livez
+	// answers while the process serves HTTP at all, so a database outage
+	// takes replicas out of the Service without restarting them.
 	s.mux.Handle("GET /healthz", h(s.healthz))
-	s.mux.Handle("GET /readyz", h(s.healthz))
+	s.mux.Handle("GET /readyz", h(s.readyz))
 	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -88,15 +89,6 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 		}
 	}
 	s, m := NewServer(cfg, db, spend)
-	if cfg.Provisioner == "kubernetes" {
-		p, err := NewProvisioner(cfg, db, m)
-		if err != nil {
-			return err
-		}
-		s.prov.Store(p)
-		go p.Run(ctx)
-		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image, "resync", cfg.Provision.Resync)
-	}
 	var h http.Handler = s
 	if wrap != nil {
 		h = wrap(s)
@@ -105,6 +97,18 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
 			return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 		}
+	}
+	if cfg.Provisioner == "kubernetes" {
+		p, err := NewProvisioner(cfg, db, m)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		s.prov.Store(p)
+		// Only once it can serve: its configuration revision then takes
+		// the workers over from an older rollout's replicas.
+		go p.Run(ctx)
+		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image, "resync", cfg.Provision.Resync)
 	}
 	fds := currentFDBudget()
 	s.maxStreams = int64(fds.MaxStreams)

@@ -516,6 +516,24 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
+// readyz is readiness as Kubernetes uses it: can this replica serve? Its
+// database answers and it is not shutting down. What every replica shares
+// (the model upstream, the workers) is left to /healthz: failing readiness
+// on it would take every replica out of the Service at once, the browser
+// API, the mint and the workers' reports with them, and stall rollouts.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	if s.shuttingDown() {
+		return errShuttingDown()
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.db.SQL.PingContext(ctx); err != nil {
+		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "database unavailable", err)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 	if s.shuttingDown() {
 		return errShuttingDown()

@@ -193,17 +193,18 @@ func (db *DB) InstallationID(ctx context.Context) (string, error) {
 
 // ClaimConfigRevision records that a control plane of configuration
 // revision rev (TALKIDE_CONFIG_REVISION: the Helm release revision the
-// chart gives each rollout) runs at now, unless one of a higher revision
-// was seen within staleAfter, and returns the revision now in charge: rev,
-// or the higher one. Control planes of an older revision leave the workers
-// to the one in charge (provision.Config.ConfigRevision); a revision no
-// longer seen (its release uninstalled, its rollout undone) gives way to
-// any other after staleAfter. Errors are the database's.
+// chart gives each rollout) runs at now and gives way once unseen for
+// staleAfter, unless one of a higher revision is in charge: seen within its
+// own staleAfter. It returns the revision then in charge: rev, or the
+// higher one. Control planes of an older revision leave the workers to the
+// one in charge (provision.Config.ConfigRevision); a revision no longer
+// seen (its release uninstalled, its rollout undone) gives way to any
+// other. Errors are the database's.
 func (db *DB) ClaimConfigRevision(ctx context.Context, rev int64, now time.Time, staleAfter time.Duration) (int64, error) {
-	if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO config_revision (id, revision, seen_at) VALUES (1, ?, ?)
-		ON CONFLICT (id) DO UPDATE SET revision = excluded.revision, seen_at = excluded.seen_at
-		WHERE config_revision.revision <= excluded.revision OR config_revision.seen_at < ?`),
-		rev, now.UnixMilli(), now.Add(-staleAfter).UnixMilli()); err != nil {
+	if _, err := db.SQL.ExecContext(ctx, db.Q(`INSERT INTO config_revision (id, revision, seen_at, stale_ms) VALUES (1, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET revision = excluded.revision, seen_at = excluded.seen_at, stale_ms = excluded.stale_ms
+		WHERE config_revision.revision <= excluded.revision OR config_revision.seen_at + config_revision.stale_ms < excluded.seen_at`),
+		rev, now.UnixMilli(), staleAfter.Milliseconds()); err != nil {
 		return 0, fmt.Errorf("record configuration revision: %w", err)
 	}
 	return db.ConfigRevision(ctx)

@@ -72,10 +72,15 @@ func testWorkerRecords(t *testing.T, db *DB) {
 	for _, c := range []struct {
 		rev   int64
 		after time.Duration
+		stale time.Duration
 		want  int64
-	}{{3, 0, 3}, {2, time.Second, 3}, {3, 2 * time.Second, 3}, {12, 3 * time.Second, 12}, {9, 4 * time.Second, 12},
-		{9, 3*time.Second + time.Minute, 12}, {9, 3*time.Second + time.Minute + time.Millisecond, 9}, {12, time.Hour, 12}} {
-		if got, err := db.ClaimConfigRevision(ctx, c.rev, t0.Add(c.after), time.Minute); err != nil || got != c.want {
+	}{{3, 0, time.Minute, 3}, {2, time.Second, time.Minute, 3}, {3, 2 * time.Second, time.Minute, 3},
+		{12, 3 * time.Second, time.Minute, 12}, {9, 4 * time.Second, time.Minute, 12},
+		{9, 3*time.Second + time.Minute, time.Minute, 12}, {9, 3*time.Second + time.Minute + time.Millisecond, time.Minute, 9},
+		{12, time.Hour, 30 * time.Minute, 12},
+		// The window is the holder's, not the claimer's.
+		{9, time.Hour + time.Minute, time.Second, 12}, {9, time.Hour + 30*time.Minute + time.Millisecond, time.Second, 9}} {
+		if got, err := db.ClaimConfigRevision(ctx, c.rev, t0.Add(c.after), c.stale); err != nil || got != c.want {
 			t.Errorf("ClaimConfigRevision(%d at +%v) = %d, %v; want %d", c.rev, c.after, got, err, c.want)
 		}
 	}

@@ -102,9 +102,10 @@ type Config struct {
 	// [TALKIDE_CONFIG_REVISION; the chart sets the Helm release revision].
 	// A control plane leaves the workers alone (its provisions and resyncs
 	// answer OutdatedConfig) once one of a higher revision has started with
-	// the same database and while it is seen (it says so at least every
-	// Resync; unseen for three Resyncs, as after an uninstall whose
-	// reinstall starts again at revision 1, it gives way), so a rolling
+	// the same database and while it is seen (its Run says so every few
+	// seconds once it serves; unseen for a minute with the default Resync,
+	// as after an uninstall whose reinstall starts again at revision 1, it
+	// gives way), so a rolling
 	// update rolls each worker once, to the new image. 0 (the default):
 	// unordered, never refused.
 	ConfigRevision int64
@@ -115,9 +116,16 @@ type Config struct {
 	installationID string
 }
 
+// revisionHeartbeat is how often a running control plane says its
+// configuration revision is seen: a third of the resync period, between
+// 1 and 10 seconds.
+func (c *Config) revisionHeartbeat() time.Duration {
+	return min(max(c.Resync/3, time.Second), 10*time.Second)
+}
+
 // revisionStale is how long a configuration revision stays in charge
-// unseen.
-func (c *Config) revisionStale() time.Duration { return 3 * c.Resync }
+// unseen: six heartbeats (a minute by default).
+func (c *Config) revisionStale() time.Duration { return 6 * c.revisionHeartbeat() }
 
 // reserved are the worker settings the provisioner sets itself.
 var reserved = map[string]bool{

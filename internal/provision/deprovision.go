@@ -112,16 +112,41 @@ func (p *K8sWorkerProvisioner) deleteNamespace(ctx context.Context, tenant, env 
 // Run reconciles every worker each Config.Resync until ctx ends: it makes
 // missing objects again, rotates identity tokens near expiry and revokes
 // retired ones, finishes deprovisions, and deletes namespaces it made that
-// no record wants (left by a control plane that died mid-way).
+// no record wants (left by a control plane that died mid-way). With a
+// Config.ConfigRevision it also claims that revision every few seconds:
+// start it once the control plane serves, so that a new revision that
+// cannot even start never takes the workers from the one serving.
 func (p *K8sWorkerProvisioner) Run(ctx context.Context) {
 	if _, err := p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, ScopePolicyName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		p.cfg.Logger.Error("the ValidatingAdmissionPolicy " + ScopePolicyName + " is not installed: the control plane's ServiceAccount is not confined to the namespaces it makes (install `talkide-controlplane clusterrole`; docs/provisioning.md)")
+	}
+	if p.cfg.ConfigRevision > 0 {
+		go p.heartbeat(ctx)
 	}
 	t := time.NewTicker(p.cfg.Resync)
 	defer t.Stop()
 	for {
 		if err := p.ReconcileAll(ctx); err != nil && ctx.Err() == nil {
 			p.cfg.Logger.Warn("worker resync", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// heartbeat says, each Config.revisionHeartbeat until ctx ends, that this
+// control plane's configuration revision runs (checkConfigRevision), so
+// that a resync pass longer than the staleness window does not hand the
+// workers back to an older revision.
+func (p *K8sWorkerProvisioner) heartbeat(ctx context.Context) {
+	t := time.NewTicker(p.cfg.revisionHeartbeat())
+	defer t.Stop()
+	for {
+		if err := p.checkConfigRevision(ctx); err != nil && ctx.Err() == nil {
+			p.cfg.Logger.Debug("configuration revision", "err", err)
 		}
 		select {
 		case <-ctx.Done():

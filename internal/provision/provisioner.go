@@ -110,13 +110,6 @@ func New(cfg Config, kube kubernetes.Interface, store Store, issuer Issuer, mast
 		return nil, err
 	}
 	cfg.installationID = id
-	// A control plane started with a newer configuration takes the
-	// workers over from here on (see Config.ConfigRevision).
-	if cfg.ConfigRevision > 0 {
-		if _, err := store.ClaimConfigRevision(context.Background(), cfg.ConfigRevision, time.Now(), cfg.revisionStale()); err != nil {
-			return nil, err
-		}
-	}
 	var idKeys []token.Key
 	for _, m := range masters {
 		idKeys = append(idKeys, m.Derive(token.PurposeIdentity, "", ""))
@@ -350,15 +343,15 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 // replicas would otherwise apply the old worker image (and settings) at
 // each resync, and every worker Deployment would roll back and forth
 // until the last old replica stopped. Each check also says this revision
-// is seen (a database write at most every few seconds, a read otherwise:
-// not a write per worker of a resync pass).
+// is seen (a database write at most once a heartbeat, a read otherwise:
+// not a write per worker of a resync pass); Run says so each heartbeat.
 func (p *K8sWorkerProvisioner) checkConfigRevision(ctx context.Context) error {
 	if p.cfg.ConfigRevision <= 0 {
 		return nil
 	}
 	now := p.now()
 	p.mu.Lock()
-	claim := now.Sub(p.claimedAt) >= min(p.cfg.Resync/3, 5*time.Second)
+	claim := now.Sub(p.claimedAt) >= p.cfg.revisionHeartbeat()
 	p.mu.Unlock()
 	var cur int64
 	var err error
