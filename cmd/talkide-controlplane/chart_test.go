@@ -246,10 +246,32 @@ func TestChartLintTemplateDryRun(t *testing.T) {
 		})
 	}
 
-	// A bad value fails rendering with a message that names it.
-	out, err := helm(t, bins["4"], c.Kubeconfig(), "template", "talkide", chart, "--set", "worker.image.digest=latest")
-	if err == nil || !strings.Contains(err.Error(), `image digest "latest"`) {
-		t.Errorf("a digest without sha256: rendered: %v\n%s", err, out)
+	// A bad or hostile value fails rendering (values.schema.json) with a
+	// message naming it, before anything reaches the cluster: no YAML
+	// injected through a scalar, no extra worker setting smuggled in
+	// through a comma.
+	for _, bad := range []struct{ set, names string }{
+		{"worker.image.digest=latest", "/worker/image/digest"},
+		{"image.digest=sha256:zz", "/image/digest"},
+		{"image.pullPolicy=IfNotPresent\n          stdin: true", "/image/pullPolicy"},
+		{"worker.env.TALKIDE_MAX_PROCESSES=8\\,TALKIDE_CONTAINMENT=weak", "/worker/env/TALKIDE_MAX_PROCESSES"},
+		{"worker.env.LD_PRELOAD=/tmp/x.so", "invalid propertyName 'LD_PRELOAD'"},
+		{"installation=a'b", "/installation"},
+		{"ingress.paths[0].path=/x\n    evil: 1", "/ingress/paths/0/path"},
+		{"service.type=ExternalName", "/service/type"},
+		{"replicaCount=two", "/replicaCount"},
+		{"secret.name=x\n  y: z", "/secret/name"},
+		{"worker.egressCIDRs[0]=0.0.0.0/0\n  - 1", "/worker/egressCIDRs/0"},
+	} {
+		for major, bin := range bins {
+			out, err := helm(t, bin, c.Kubeconfig(), "template", "talkide", chart, "--kube-version", kubetest.Pinned().Kubernetes, "--set-string", bad.set)
+			if bad.set == "replicaCount=two" {
+				out, err = helm(t, bin, c.Kubeconfig(), "template", "talkide", chart, "--kube-version", kubetest.Pinned().Kubernetes, "--set", bad.set)
+			}
+			if err == nil || !strings.Contains(err.Error(), bad.names) {
+				t.Errorf("helm %s template --set %q: %v; want a refusal naming %s\n%s", major, bad.set, err, bad.names, out)
+			}
+		}
 	}
 }
 
@@ -296,8 +318,11 @@ func checkDefaultRender(t *testing.T, objs []*unstructured.Unstructured) {
 		t.Errorf("pod: service account %q, probes %+v %+v, lifecycle %+v", pod.ServiceAccountName, ctr.ReadinessProbe, ctr.LivenessProbe, ctr.Lifecycle)
 	}
 	env := envOf(ctr)
-	if got := env["TALKIDE_WORKER_IMAGE"].Value; got != "talkide/talkide-worker:0.1.0" {
-		t.Errorf("TALKIDE_WORKER_IMAGE %q; want the chart's appVersion tag", got)
+	if got := env["TALKIDE_WORKER_IMAGE"].Value; got != "registry.invalid/talkide-worker:0.1.0" {
+		t.Errorf("TALKIDE_WORKER_IMAGE %q; want no registry but .invalid, the chart's appVersion tag", got)
+	}
+	if got := env["TALKIDE_CONFIG_REVISION"].Value; got != "1" {
+		t.Errorf("TALKIDE_CONFIG_REVISION %q; want the release revision, 1", got)
 	}
 	for _, name := range []string{"TALKIDE_DATABASE_URL", "TALKIDE_MASTER_KEYS", "ANTHROPIC_API_KEY"} {
 		if ref := env[name].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "talkide-controlplane" || ref.SecretKeyRef.Optional != nil {
