@@ -511,7 +511,7 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 
 	// The upgrade: new images for both.
 	newCP, newWorker := "sha256:"+sha256Hex("upgrade "+cp.Digest), "sha256:"+sha256Hex("upgrade "+worker.Digest)
-	if out, err := helm(t, bins["4"], c.Kubeconfig(), "upgrade", "talkide", chart, "-n", ns, "--reuse-values", "--wait", "--timeout", "3m",
+	if out, err := helm(t, bins["4"], c.Kubeconfig(), "upgrade", "talkide", chart, "-n", ns, "--reset-then-reuse-values", "--wait", "--timeout", "3m",
 		"--set", "image.digest="+newCP, "--set", "worker.image.digest="+newWorker); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
