@@ -533,6 +533,23 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 			t.Errorf("worker %s/dev changed again after its rollout (generation %d, then %d): the old control plane applied its configuration", tn, gens[tn], d.Generation)
 		}
 	}
+	// A provision through the old one is recorded, refused with 503 and
+	// Retry-After, and carried out by the new one.
+	late := "chart" + randomHex(3)
+	t.Cleanup(func() { kube.CoreV1().Namespaces().Delete(context.Background(), provision.Namespace(late, "dev"), metav1.DeleteOptions{}) })
+	req, _ := http.NewRequest(http.MethodPut, old.URL+"/api/admin/workers/"+late+"/dev", nil)
+	req.Header.Set("Authorization", "Bearer "+admin)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "OutdatedConfig") {
+		t.Errorf("provision through the old control plane: %d Retry-After %q %s; want 503 OutdatedConfig with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	waitWorker(t, p, admin, late, repo(worker)+"@"+newWorker)
+
 	// The old one stops as its pod would.
 	old.Cmd.Process.Signal(syscall.SIGTERM)
 	<-old.Exited

@@ -146,7 +146,7 @@ func provisionError(err error) error {
 	case provision.ReasonOutdatedConfig:
 		// A replica of the rollout being replaced: the request is
 		// recorded, a replica of the new configuration applies it.
-		e := httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, pe.Message+"; the request is recorded and a newer replica applies it, retry to see its status", err)
+		e := httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, pe.Error()+"; the request is recorded and a newer replica applies it, retry to see its status", err)
 		e.Header = http.Header{"Retry-After": {"5"}}
 		return e
 	case provision.ReasonAPIError:
