@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -35,6 +36,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/pgtest"
 	"github.com/talkide/talkide/internal/provision"
@@ -536,7 +538,9 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 	// A provision through the old one is recorded, refused with 503 and
 	// Retry-After, and carried out by the new one.
 	late := "chart" + randomHex(3)
-	t.Cleanup(func() { kube.CoreV1().Namespaces().Delete(context.Background(), provision.Namespace(late, "dev"), metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		kube.CoreV1().Namespaces().Delete(context.Background(), provision.Namespace(late, "dev"), metav1.DeleteOptions{})
+	})
 	req, _ := http.NewRequest(http.MethodPut, old.URL+"/api/admin/workers/"+late+"/dev", nil)
 	req.Header.Set("Authorization", "Bearer "+admin)
 	resp, err := http.DefaultClient.Do(req)
@@ -699,5 +703,44 @@ func rolledOut(t *testing.T, kube kubernetes.Interface, ns, name, image string) 
 			t.Fatalf("Deployment %s/%s: %v", ns, name, err)
 		}
 		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// A control plane of a new configuration revision that cannot serve (its
+// port taken, here) takes nothing over: it claims its revision only once it
+// listens, so the replicas still serving keep the workers.
+func TestRevisionThatCannotServeClaimsNothing(t *testing.T) {
+	c := kubetest.Shared(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbPath := filepath.Join(t.TempDir(), "cp.db")
+	mk, _ := token.NewMasterKey("k1")
+	cmd := exec.Command(self)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TALKIDE_") && !strings.HasPrefix(kv, "ANTHROPIC_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, envExecMain+"=1", "TALKIDE_HTTP_ADDR="+taken.Addr().String(), "TALKIDE_DB_PATH="+dbPath,
+		"TALKIDE_MASTER_KEYS="+mk.String(), "TALKIDE_PROVISIONER=kubernetes", "TALKIDE_WORKER_IMAGE=example.invalid/w:1",
+		"TALKIDE_CONFIG_REVISION=5", "KUBECONFIG="+c.Kubeconfig(), "TALKIDE_UPSTREAM_URL=http://127.0.0.1:1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "address already in use") {
+		t.Fatalf("a control plane whose port is taken: %v\n%s", err, out)
+	}
+	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if rev, err := db.ConfigRevision(context.Background()); err != nil || rev != 0 {
+		t.Fatalf("configuration revision in charge: %d, %v; want none claimed", rev, err)
 	}
 }
