@@ -4,7 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"debug/buildinfo"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -632,5 +635,90 @@ func TestCleanAndPackRootfs(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("packed rootfs (-want +got):\n%s", diff)
+	}
+}
+
+// TestBuildGoBinaryIgnoresTheBuildersGoEnvironment guards against digests
+// that depend on who builds: the Go settings of the builder's environment
+// and go env file (GOFLAGS, GOAMD64, GOEXPERIMENT, GOFIPS140, a go.work)
+// and the repository's VCS state (an untracked file made vcs.modified=true)
+// must not reach the binary.
+func TestBuildGoBinaryIgnoresTheBuildersGoEnvironment(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git: cannot make the repository whose state must not be stamped")
+	}
+	// A module of its own in a git repository (this worktree's .git is a
+	// file, which the go command does not take for a repository).
+	mod := t.TempDir()
+	for name, data := range map[string]string{
+		"go.mod":  "module example.com/hello\n\ngo 1.26\n",
+		"main.go": "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\") }\n",
+	} {
+		if err := os.WriteFile(filepath.Join(mod, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"init", "-q"}, {"add", "."},
+		{"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "hello"}} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = mod
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(mod, "untracked"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(t.TempDir(), "goenv")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(t.TempDir(), "go.work")
+	if err := os.WriteFile(work, []byte("go 1.26\n\nuse "+mod+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := func(name string, env map[string]string) (string, *buildinfo.BuildInfo) {
+		t.Helper()
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		out := filepath.Join(t.TempDir(), "hello")
+		if err := BuildGoBinary(t.Context(), mod, ".", out); err != nil {
+			t.Fatalf("%s build: %v", name, err)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bi, err := buildinfo.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range bi.Settings {
+			if strings.HasPrefix(s.Key, "vcs") {
+				t.Errorf("%s build: setting %s=%s, want no VCS state in the binary", name, s.Key, s.Value)
+			}
+		}
+		return fmt.Sprintf("%x", sha256.Sum256(data)), bi
+	}
+	// Each build sets every variable any of them sets, so none leaks
+	// from the one before. The clean one is the go command's defaults.
+	clean, cleanInfo := build("clean", map[string]string{"GOENV": empty, "GOFLAGS": "", "GOAMD64": "",
+		"GOEXPERIMENT": "", "GOFIPS140": "", "GOWORK": ""})
+	hostile, hostileInfo := build("hostile", map[string]string{"GOENV": empty, "GOFLAGS": "-buildvcs=true -gcflags=all=-N",
+		"GOAMD64": "v3", "GOEXPERIMENT": "staticlockranking", "GOFIPS140": "latest", "GOWORK": work})
+	if clean != hostile {
+		t.Errorf("binary sha256 %s with a clean Go environment, %s with a hostile one; want equal\nclean:\n%v\nhostile:\n%v",
+			clean, hostile, cleanInfo, hostileInfo)
+	}
+	settings := map[string]string{}
+	for _, s := range hostileInfo.Settings {
+		settings[s.Key] = s.Value
+	}
+	for k, want := range map[string]string{"-trimpath": "true", "CGO_ENABLED": "0",
+		"GOOS": "linux", "GOARCH": "amd64", "GOAMD64": "v1", "GOEXPERIMENT": "", "GOFIPS140": ""} {
+		if settings[k] != want {
+			t.Errorf("build setting %s=%q, want %q", k, settings[k], want)
+		}
 	}
 }
