@@ -99,7 +99,8 @@ var (
 )
 
 // fakeBase is a small stand-in for a Debian base: out of order, with owner
-// names, a hard link, and files newer than epoch.
+// names, a hard link, files newer than epoch, a setuid and a setgid file
+// and a setgid directory (as Debian's su, chage and /var/mail).
 func fakeBase(t *testing.T) string {
 	t.Helper()
 	reg := func(name, data string, mode int64, mt time.Time) tarMember {
@@ -120,6 +121,8 @@ func fakeBase(t *testing.T) string {
 		dir("./usr/share", 0o755), dir("./usr/share/talkide", 0o755),
 		reg("./usr/share/talkide/packages.txt", "bash\t5.2.15-2+b7\n", 0o644, futureTime),
 		reg("./usr/bin/su", "su", 0o4755, oldTime),
+		reg("./usr/bin/chage", "chage", 0o2755, oldTime),
+		dir("./var", 0o755), dir("./var/mail", 0o2775),
 	})
 }
 
@@ -509,7 +512,8 @@ func TestWorkerImage(t *testing.T) {
 		}
 	}
 	for name, mode := range map[string]int64{"opt/claude-code/claude": 0o755, "opt/claude-code/package.json": 0o644,
-		"usr/local/bin/talkide-worker": 0o755, "usr/bin/tini": 0o755, "usr/bin/su": 0o4755} {
+		"usr/local/bin/talkide-worker": 0o755, "usr/bin/tini": 0o755, "usr/bin/su": 0o755, "usr/bin/chage": 0o755,
+		"var/mail": 0o2775} {
 		if h, ok := members[name]; !ok || h.Mode != mode {
 			t.Errorf("%s: present %v mode %o, want mode %o", name, ok, h.Mode, mode)
 		}
@@ -530,6 +534,44 @@ func TestWorkerImage(t *testing.T) {
 	w.ClaudeVersion = "9.9.9"
 	if _, err := WorkerImage(w, testMeta, t.TempDir()); err == nil || !strings.Contains(err.Error(), "want the pinned 9.9.9") {
 		t.Errorf("CLI of another version than the pin: error %v, want one naming the pin", err)
+	}
+}
+
+// TestLayersHaveNoSetuidOrSetgidFiles guards against privilege-raising
+// binaries in the images (Debian's su, mount, passwd, chage, ssh-agent…):
+// nothing in them needs one, so every layer drops the bits, also from a
+// base cached before they were dropped. A directory keeps setgid, which
+// only makes new files inherit its group.
+func TestLayersHaveNoSetuidOrSetgidFiles(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "talkide-worker")
+	if err := os.WriteFile(bin, []byte("\x7fELF worker"), 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, 0o4755); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	base := fakeBase(t)
+	w := Worker{Binary: bin, ClaudeDir: fakeClaude(t, "2.1.332"), Base: base}
+	worker := layoutImage(t, buildWorker(t, w))
+	cp, _ := buildControlPlane(t, base, testMeta)
+	seen := 0
+	for name, img := range map[string]v1.Image{WorkerName: worker, ControlPlaneName: cp} {
+		layers, err := img.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range layers {
+			hs, _ := layerMembers(t, l)
+			for _, h := range hs {
+				seen++
+				if h.Typeflag != tar.TypeDir && h.Mode&0o6000 != 0 {
+					t.Errorf("%s: %s has mode %o, want no setuid or setgid bit", name, h.Name, h.Mode)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no layer members read")
 	}
 }
 
@@ -623,7 +665,7 @@ func TestCleanAndPackRootfs(t *testing.T) {
 	}
 	want := map[string]string{
 		"bin": "2 -> usr/bin", "dev": "5 ", "etc": "5 ", "etc/hostname": "0 ", "etc/machine-id": "0 ", "etc/resolv.conf": "0 ",
-		"usr": "5 ", "usr/bin": "5 ", "usr/bin/a": "0 same inode", "usr/bin/b": "1 -> usr/bin/a", "usr/bin/su": "0 su setuid",
+		"usr": "5 ", "usr/bin": "5 ", "usr/bin/a": "0 same inode", "usr/bin/b": "1 -> usr/bin/a", "usr/bin/su": "0 su", // setuid dropped
 		"usr/share": "5 ", "usr/share/doc": "5 ", "usr/share/doc/bash": "5 ", "usr/share/doc/bash/copyright": "0 GPL",
 		"usr/share/doc/bash-builtins": "2 -> bash", "usr/share/man": "5 ", "usr/share/locale": "5 ", "usr/share/locale/locale.alias": "0 alias",
 		"etc/dpkg": "5 ", "etc/dpkg/dpkg.cfg.d": "5 ",
