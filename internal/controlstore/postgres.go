@@ -4,17 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/talkide/talkide/internal/pgdsn"
 )
 
 // IsPostgresURL reports whether s is a PostgreSQL connection URL
 // (postgres:// or postgresql://), the form TALKIDE_DATABASE_URL takes.
 func IsPostgresURL(s string) bool {
-	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+	return pgdsn.IsURL(s)
 }
 
 // OpenPostgres connects to the PostgreSQL database at dsn (a postgres:// URL;
@@ -24,12 +24,13 @@ func IsPostgresURL(s string) bool {
 // advisory lock around the migrations.
 //
 // The connection pool keeps up to maxConns connections (0 means 32).
-// Errors name the host, never the password.
+// Errors name the host, never a password: neither the URL's nor one in its
+// query (password=, sslpassword=), nor one the driver quotes back.
 func OpenPostgres(ctx context.Context, dsn string, maxConns int) (*DB, error) {
-	where := redactURL(dsn)
+	where := pgdsn.Redact(dsn)
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open postgres %s: %w", where, err)
+		return nil, fmt.Errorf("open postgres %s: %w", where, pgdsn.ScrubError(err, dsn))
 	}
 	if maxConns <= 0 {
 		maxConns = 32
@@ -41,16 +42,7 @@ func OpenPostgres(ctx context.Context, dsn string, maxConns int) (*DB, error) {
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect postgres %s: %w", where, err)
+		return nil, fmt.Errorf("connect postgres %s: %w", where, pgdsn.ScrubError(err, dsn))
 	}
 	return migrate(ctx, db, Postgres)
-}
-
-// redactURL returns dsn without its password, for messages.
-func redactURL(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }

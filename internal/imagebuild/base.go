@@ -347,7 +347,8 @@ func removeBuildDir(dir string) {
 }
 
 // addDir adds the tree at root (not root itself) as it is on disk: types,
-// modes (with setuid, setgid and sticky bits), numeric owners and times.
+// modes (with setuid, setgid and sticky bits, though writeTo drops the
+// first two from files), numeric owners and times.
 // Hard links become links to the first of their names in sorted order.
 // Sockets are skipped; device nodes are an error (cleanRootfs removed
 // /dev's).

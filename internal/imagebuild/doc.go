@@ -16,8 +16,10 @@
 // Reproducible: every layer is written by this package from entries sorted
 // by name, with numeric owners and no owner names, modification times
 // clamped to Meta.Created (SOURCE_DATE_EPOCH) and a fixed gzip setting, and
-// the config's created time is that same instant; so the same inputs give
-// the same digests. The rest (manifests, config, layout, tarball) is
+// the config's created time is that same instant; BuildGoBinary builds with
+// no VCS stamp and a Go environment of its own (goBuildEnv), not the
+// builder's; so the same inputs (commit, Go toolchain, cached base) give the
+// same digests. The rest (manifests, config, layout, tarball) is
 // go-containerregistry's. ko is not used: it would build the Go binaries
 // itself but gives no control over a Debian base's layer, which this needs.
 //

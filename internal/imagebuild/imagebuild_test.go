@@ -4,7 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"debug/buildinfo"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -96,7 +99,8 @@ var (
 )
 
 // fakeBase is a small stand-in for a Debian base: out of order, with owner
-// names, a hard link, and files newer than epoch.
+// names, a hard link, files newer than epoch, a setuid and a setgid file
+// and a setgid directory (as Debian's su, chage and /var/mail).
 func fakeBase(t *testing.T) string {
 	t.Helper()
 	reg := func(name, data string, mode int64, mt time.Time) tarMember {
@@ -117,6 +121,8 @@ func fakeBase(t *testing.T) string {
 		dir("./usr/share", 0o755), dir("./usr/share/talkide", 0o755),
 		reg("./usr/share/talkide/packages.txt", "bash\t5.2.15-2+b7\n", 0o644, futureTime),
 		reg("./usr/bin/su", "su", 0o4755, oldTime),
+		reg("./usr/bin/chage", "chage", 0o2755, oldTime),
+		dir("./var", 0o755), dir("./var/mail", 0o2775),
 	})
 }
 
@@ -506,7 +512,8 @@ func TestWorkerImage(t *testing.T) {
 		}
 	}
 	for name, mode := range map[string]int64{"opt/claude-code/claude": 0o755, "opt/claude-code/package.json": 0o644,
-		"usr/local/bin/talkide-worker": 0o755, "usr/bin/tini": 0o755, "usr/bin/su": 0o4755} {
+		"usr/local/bin/talkide-worker": 0o755, "usr/bin/tini": 0o755, "usr/bin/su": 0o755, "usr/bin/chage": 0o755,
+		"var/mail": 0o2775} {
 		if h, ok := members[name]; !ok || h.Mode != mode {
 			t.Errorf("%s: present %v mode %o, want mode %o", name, ok, h.Mode, mode)
 		}
@@ -527,6 +534,44 @@ func TestWorkerImage(t *testing.T) {
 	w.ClaudeVersion = "9.9.9"
 	if _, err := WorkerImage(w, testMeta, t.TempDir()); err == nil || !strings.Contains(err.Error(), "want the pinned 9.9.9") {
 		t.Errorf("CLI of another version than the pin: error %v, want one naming the pin", err)
+	}
+}
+
+// TestLayersHaveNoSetuidOrSetgidFiles guards against privilege-raising
+// binaries in the images (Debian's su, mount, passwd, chage, ssh-agent…):
+// nothing in them needs one, so every layer drops the bits, also from a
+// base cached before they were dropped. A directory keeps setgid, which
+// only makes new files inherit its group.
+func TestLayersHaveNoSetuidOrSetgidFiles(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "talkide-worker")
+	if err := os.WriteFile(bin, []byte("\x7fELF worker"), 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, 0o4755); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	base := fakeBase(t)
+	w := Worker{Binary: bin, ClaudeDir: fakeClaude(t, "2.1.332"), Base: base}
+	worker := layoutImage(t, buildWorker(t, w))
+	cp, _ := buildControlPlane(t, base, testMeta)
+	seen := 0
+	for name, img := range map[string]v1.Image{WorkerName: worker, ControlPlaneName: cp} {
+		layers, err := img.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range layers {
+			hs, _ := layerMembers(t, l)
+			for _, h := range hs {
+				seen++
+				if h.Typeflag != tar.TypeDir && h.Mode&0o6000 != 0 {
+					t.Errorf("%s: %s has mode %o, want no setuid or setgid bit", name, h.Name, h.Mode)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no layer members read")
 	}
 }
 
@@ -620,7 +665,7 @@ func TestCleanAndPackRootfs(t *testing.T) {
 	}
 	want := map[string]string{
 		"bin": "2 -> usr/bin", "dev": "5 ", "etc": "5 ", "etc/hostname": "0 ", "etc/machine-id": "0 ", "etc/resolv.conf": "0 ",
-		"usr": "5 ", "usr/bin": "5 ", "usr/bin/a": "0 same inode", "usr/bin/b": "1 -> usr/bin/a", "usr/bin/su": "0 su setuid",
+		"usr": "5 ", "usr/bin": "5 ", "usr/bin/a": "0 same inode", "usr/bin/b": "1 -> usr/bin/a", "usr/bin/su": "0 su", // setuid dropped
 		"usr/share": "5 ", "usr/share/doc": "5 ", "usr/share/doc/bash": "5 ", "usr/share/doc/bash/copyright": "0 GPL",
 		"usr/share/doc/bash-builtins": "2 -> bash", "usr/share/man": "5 ", "usr/share/locale": "5 ", "usr/share/locale/locale.alias": "0 alias",
 		"etc/dpkg": "5 ", "etc/dpkg/dpkg.cfg.d": "5 ",
@@ -632,5 +677,90 @@ func TestCleanAndPackRootfs(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("packed rootfs (-want +got):\n%s", diff)
+	}
+}
+
+// TestBuildGoBinaryIgnoresTheBuildersGoEnvironment guards against digests
+// that depend on who builds: the Go settings of the builder's environment
+// and go env file (GOFLAGS, GOAMD64, GOEXPERIMENT, GOFIPS140, a go.work)
+// and the repository's VCS state (an untracked file made vcs.modified=true)
+// must not reach the binary.
+func TestBuildGoBinaryIgnoresTheBuildersGoEnvironment(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git: cannot make the repository whose state must not be stamped")
+	}
+	// A module of its own in a git repository (this worktree's .git is a
+	// file, which the go command does not take for a repository).
+	mod := t.TempDir()
+	for name, data := range map[string]string{
+		"go.mod":  "module example.com/hello\n\ngo 1.26\n",
+		"main.go": "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\") }\n",
+	} {
+		if err := os.WriteFile(filepath.Join(mod, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"init", "-q"}, {"add", "."},
+		{"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "hello"}} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = mod
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(mod, "untracked"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(t.TempDir(), "goenv")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(t.TempDir(), "go.work")
+	if err := os.WriteFile(work, []byte("go 1.26\n\nuse "+mod+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := func(name string, env map[string]string) (string, *buildinfo.BuildInfo) {
+		t.Helper()
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		out := filepath.Join(t.TempDir(), "hello")
+		if err := BuildGoBinary(t.Context(), mod, ".", out); err != nil {
+			t.Fatalf("%s build: %v", name, err)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bi, err := buildinfo.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range bi.Settings {
+			if strings.HasPrefix(s.Key, "vcs") {
+				t.Errorf("%s build: setting %s=%s, want no VCS state in the binary", name, s.Key, s.Value)
+			}
+		}
+		return fmt.Sprintf("%x", sha256.Sum256(data)), bi
+	}
+	// Each build sets every variable any of them sets, so none leaks
+	// from the one before. The clean one is the go command's defaults.
+	clean, cleanInfo := build("clean", map[string]string{"GOENV": empty, "GOFLAGS": "", "GOAMD64": "",
+		"GOEXPERIMENT": "", "GOFIPS140": "", "GOWORK": ""})
+	hostile, hostileInfo := build("hostile", map[string]string{"GOENV": empty, "GOFLAGS": "-buildvcs=true -gcflags=all=-N",
+		"GOAMD64": "v3", "GOEXPERIMENT": "staticlockranking", "GOFIPS140": "latest", "GOWORK": work})
+	if clean != hostile {
+		t.Errorf("binary sha256 %s with a clean Go environment, %s with a hostile one; want equal\nclean:\n%v\nhostile:\n%v",
+			clean, hostile, cleanInfo, hostileInfo)
+	}
+	settings := map[string]string{}
+	for _, s := range hostileInfo.Settings {
+		settings[s.Key] = s.Value
+	}
+	for k, want := range map[string]string{"-trimpath": "true", "CGO_ENABLED": "0",
+		"GOOS": "linux", "GOARCH": "amd64", "GOAMD64": "v1", "GOEXPERIMENT": "", "GOFIPS140": ""} {
+		if settings[k] != want {
+			t.Errorf("build setting %s=%q, want %q", k, settings[k], want)
+		}
 	}
 }

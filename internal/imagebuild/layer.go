@@ -149,6 +149,13 @@ func (b *layerBuilder) lookup(name string) ([]byte, bool) {
 	return nil, false
 }
 
+// privilegeBits are the setuid and setgid bits, which writeTo clears on
+// every member but a directory (where setgid only makes new files inherit
+// the group). A Debian base has a dozen such programs (su, mount, passwd,
+// chage, ssh-agent, …); nothing in the images needs one, and clearing them
+// when each layer is written cleans a base cached before this too.
+const privilegeBits = 0o6000
+
 // writeOptions say how a layer is written.
 type writeOptions struct {
 	// Clamp, when not zero, is the latest modification time a member may
@@ -159,8 +166,9 @@ type writeOptions struct {
 }
 
 // writeTo writes the layer to w: members sorted by name (so parents come
-// before their children), numeric owners only, times in whole seconds. A
-// hard link must sort after its target.
+// before their children), numeric owners only, times in whole seconds, and
+// no setuid or setgid file (privilegeBits). A hard link must sort after its
+// target.
 func (b *layerBuilder) writeTo(w io.Writer, o writeOptions) error {
 	sorted := append([]entry(nil), b.entries...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].hdr.Name < sorted[j].hdr.Name })
@@ -180,6 +188,9 @@ func (b *layerBuilder) writeTo(w io.Writer, o writeOptions) error {
 		h.AccessTime, h.ChangeTime = time.Time{}, time.Time{}
 		h.PAXRecords, h.Xattrs = nil, nil //nolint:staticcheck // Xattrs cleared on purpose
 		h.Format = tar.FormatUnknown
+		if h.Typeflag != tar.TypeDir {
+			h.Mode &^= privilegeBits
+		}
 		if !o.Clamp.IsZero() && (h.ModTime.IsZero() || h.ModTime.After(o.Clamp)) {
 			h.ModTime = o.Clamp
 		}

@@ -21,6 +21,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/talkide/talkide/internal/pgdsn"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -46,7 +47,7 @@ func SchemaURL(t testing.TB) string {
 	base := ServerURL()
 	admin, err := sql.Open("pgx", base)
 	if err != nil {
-		t.Fatalf("pgtest: open %s: %v", redact(base), err)
+		t.Fatalf("pgtest: open %s: %v", pgdsn.Redact(base), pgdsn.ScrubError(err, base))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -54,7 +55,7 @@ func SchemaURL(t testing.TB) string {
 		admin.Close()
 		t.Fatalf("pgtest: PostgreSQL at %s is unreachable: %v\n"+
 			"The budget and control-store tests need it (start it, or point TALKIDE_TEST_POSTGRES_URL at one); "+
-			"set TALKIDE_SKIP_POSTGRES=1 to skip these tests.", redact(base), err)
+			"set TALKIDE_SKIP_POSTGRES=1 to skip these tests.", pgdsn.Redact(base), pgdsn.ScrubError(err, base))
 	}
 	schema := "t_" + strings.ToLower(token.NewID()[:16])
 	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
@@ -71,7 +72,7 @@ func SchemaURL(t testing.TB) string {
 	})
 	u, err := url.Parse(base)
 	if err != nil {
-		t.Fatalf("pgtest: parse %s: %v", redact(base), err)
+		t.Fatalf("pgtest: parse %s: %v", pgdsn.Redact(base), pgdsn.ScrubError(err, base))
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
@@ -79,13 +80,5 @@ func SchemaURL(t testing.TB) string {
 	return u.String()
 }
 
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
-// String describes the server for logs.
-func String() string { return fmt.Sprintf("PostgreSQL at %s", redact(ServerURL())) }
+// String describes the server for logs, with no password in it.
+func String() string { return fmt.Sprintf("PostgreSQL at %s", pgdsn.Redact(ServerURL())) }

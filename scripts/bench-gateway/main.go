@@ -57,6 +57,7 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/httpapi"
+	"github.com/talkide/talkide/internal/pgdsn"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -327,7 +328,7 @@ func startGateway(ctx context.Context, store string, up *url.URL, o options) (*g
 		schema := "bench_" + strings.ToLower(token.NewID()[:12])
 		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 			admin.Close()
-			return nil, nil, fmt.Errorf("PostgreSQL at %s: %w", o.pgURL, err)
+			return nil, nil, fmt.Errorf("PostgreSQL at %s: %w", pgdsn.Redact(o.pgURL), pgdsn.ScrubError(err, o.pgURL))
 		}
 		cleanup = append(cleanup, func() { admin.Exec("DROP SCHEMA " + schema + " CASCADE"); admin.Close() })
 		u, _ := url.Parse(o.pgURL)
