@@ -1,0 +1,213 @@
+package buildjob_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/talkide/talkide/internal/buildjob"
+	"github.com/talkide/talkide/internal/kubetest"
+	"github.com/talkide/talkide/internal/provision"
+)
+
+func TestMain(m *testing.M) { kubetest.Main(m) }
+
+const image = "registry.example/gradle@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func request(tenant, env string) buildjob.Request {
+	return buildjob.Request{Tenant: tenant, Env: env, Conversation: "c_0123456789abcdef", ID: "toolu_01ABCdef", RunAsUser: 20001}
+}
+
+// A build's Job name is the same for the same build (a repeated create
+// finds it) and different for any other, and always a valid name.
+func TestJobName(t *testing.T) {
+	a := buildjob.JobName(buildjob.KindGradle, "c1", "toolu_1")
+	if a != buildjob.JobName(buildjob.KindGradle, "c1", "toolu_1") {
+		t.Fatal("not deterministic")
+	}
+	long := strings.Repeat("x", 128)
+	for _, other := range []string{buildjob.JobName(buildjob.KindGradle, "c1", "toolu_2"), buildjob.JobName(buildjob.KindGradle, "c2", "toolu_1"),
+		buildjob.JobName(buildjob.KindKaniko, "c1", "toolu_1"), buildjob.JobName(buildjob.KindGradle, "c1t", "oolu_1")} {
+		if other == a {
+			t.Errorf("two builds share the name %s", a)
+		}
+	}
+	if n := buildjob.JobName(buildjob.KindGradle, long, long); len(n) > 63 || !provision.ValidName(strings.ReplaceAll(n, "build-", "b")) {
+		t.Errorf("name %q (%d characters)", n, len(n))
+	}
+}
+
+// What a request or a configuration may not do is refused before any Job
+// reaches the cluster, with the reason.
+func TestRefusals(t *testing.T) {
+	ok := buildjob.GradleRequest{Request: request("acme", "dev"), Tasks: []string{"test"}}
+	for name, c := range map[string]struct {
+		b    buildjob.GradleJobBuilder
+		r    func(buildjob.GradleRequest) buildjob.GradleRequest
+		want string
+	}{
+		"a tag, not a digest": {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: "gradle:8-jdk17"}}, nil, "pinned by digest"},
+		"root":                {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, func(r buildjob.GradleRequest) buildjob.GradleRequest { r.RunAsUser = 0; return r }, "never root"},
+		"an option as a task": {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, func(r buildjob.GradleRequest) buildjob.GradleRequest {
+			r.Tasks = []string{"--init-script=/tmp/x"}
+			return r
+		}, "want a task name"},
+		"an option in a filter": {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, func(r buildjob.GradleRequest) buildjob.GradleRequest { r.Tests = "X --init-script y"; return r }, "test filter"},
+		"no task":               {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, func(r buildjob.GradleRequest) buildjob.GradleRequest { r.Tasks = nil; return r }, "no task"},
+		"a conversation path":   {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, func(r buildjob.GradleRequest) buildjob.GradleRequest { r.Conversation = "../c"; return r }, "conversation"},
+		"a node by name":        {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, NodeSelector: map[string]string{"kubernetes.io/hostname": "n1"}}}, nil, "by name"},
+		"every taint":           {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}}, nil, "toleration"},
+		"an unhealthy node":     {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/unreachable"}}}}, nil, "toleration"},
+		"a cache outside":       {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}, ReadOnlyCacheSubPath: "../x"}, nil, "read-only cache"},
+	} {
+		r := ok
+		if c.r != nil {
+			r = c.r(r)
+		}
+		if _, err := c.b.Job(r); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want a refusal saying %q", name, err, c.want)
+		}
+	}
+	k := buildjob.KanikoJobBuilder{Base: buildjob.Base{Image: image}}
+	for _, bad := range []buildjob.KanikoRequest{
+		{Request: request("acme", "dev"), Context: "../other"},
+		{Request: request("acme", "dev"), Context: "/etc"},
+		{Request: request("acme", "dev"), Context: ".", Dockerfile: "../../Dockerfile"},
+		{Request: request("acme", "dev"), Context: ".", Destination: "reg.example/x --insecure"},
+	} {
+		if _, err := k.Job(bad); err == nil {
+			t.Errorf("kaniko %+v: accepted", bad)
+		}
+	}
+}
+
+// Against the test cluster, with the worker's own credentials (its Role)
+// and the admission policy on workers' Jobs in force: a Gradle Job and a
+// Kaniko Job are admitted as built, the Gradle Job runs to completion, a
+// second create of the same build finds the first, and the policy is
+// shown to be in force by refusing a Job changed to use the node's
+// network.
+func TestJobsRunWithTheWorkersRights(t *testing.T) {
+	c := kubetest.Shared(t)
+	ctx := context.Background()
+	admin := c.Client()
+	pol, bind := provision.JobPolicy()
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, pol, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, bind, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	tenant := "bj" + strings.ToLower(strings.ReplaceAll(t.Name(), "Test", ""))[:6]
+	ns := provision.Namespace(tenant, "dev")
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{provision.LabelManagedBy: provision.ManagedBy}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	if _, err := admin.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: provision.PVCName},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := kubernetes.NewForConfig(c.ServiceAccountConfig(t, ns, provision.WorkerName, provision.WorkerRules()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The policy is in force before anything is created (admission
+	// policies take a moment to load).
+	waitPolicy(t, worker, ns)
+
+	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}, ReadOnlyCacheSubPath: "cache/gradle"}
+	gj, err := g.Job(buildjob.GradleRequest{Request: request(tenant, "dev"), Tasks: []string{"test"}, Tests: "com.acme.FooTest", Offline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Create(ctx, gj, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the worker's Gradle Job: %v", err)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Create(ctx, gj, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("the same build created twice: %v; want AlreadyExists", err)
+	}
+	k := buildjob.KanikoJobBuilder{Base: buildjob.Base{Image: image}}
+	r := request(tenant, "dev")
+	r.ID = "toolu_kaniko"
+	kj, err := k.Job(buildjob.KanikoRequest{Request: r, Context: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Create(ctx, kj, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the worker's Kaniko Job: %v", err)
+	}
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		j, err := worker.BatchV1().Jobs(ns).Get(ctx, gj.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done(j, batchv1.JobComplete) {
+			break
+		}
+		if done(j, batchv1.JobFailed) || time.Now().After(deadline) {
+			t.Fatalf("Gradle Job: %+v", j.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	pods, err := worker.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: buildjob.LabelBuild + "=" + request(tenant, "dev").ID})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the Gradle Job's pods: %v %v", pods, err)
+	}
+	p := pods.Items[0]
+	if m := p.Spec.Containers[0].VolumeMounts[0]; m.SubPath != "workspaces/"+request(tenant, "dev").Conversation || m.MountPath != buildjob.WorkspaceMount {
+		t.Errorf("working tree mount %+v", m)
+	}
+	if p.Spec.AutomountServiceAccountToken == nil || *p.Spec.AutomountServiceAccountToken || *p.Spec.SecurityContext.RunAsUser != 20001 {
+		t.Errorf("pod: token %v, user %v", p.Spec.AutomountServiceAccountToken, p.Spec.SecurityContext.RunAsUser)
+	}
+
+	bad := gj.DeepCopy()
+	bad.Name = "build-escape"
+	bad.Spec.Template.Spec.HostNetwork = true
+	if _, err := worker.BatchV1().Jobs(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+		t.Fatalf("a Job on the node's network: %v; want it refused by %s", err, provision.JobPolicyName)
+	}
+}
+
+func done(j *batchv1.Job, cond batchv1.JobConditionType) bool {
+	for _, c := range j.Status.Conditions {
+		if c.Type == cond && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// waitPolicy waits until the Job policy refuses a Job on the node's
+// network in ns (a dry run).
+func waitPolicy(t *testing.T, kube kubernetes.Interface, ns string) {
+	t.Helper()
+	probe := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe"}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true, Containers: []corev1.Container{{Name: "c", Image: image}}}}}}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := kube.BatchV1().Jobs(ns).Create(context.Background(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Job policy is not in force in %s: %v", ns, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,93 @@
+package buildjob
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// GradleJobBuilder makes the Jobs of Gradle builds and tests.
+//
+// The Gradle cache (DESIGN open point 2): Gradle's cache locks are
+// released over loopback, which does not cross pods, so concurrent builds
+// must never share a writable cache. Each Job gets its own writable Gradle
+// home (an emptyDir, GRADLE_USER_HOME) and, when ReadOnlyCacheSubPath is
+// set, the shared dependency cache read-only (GRADLE_RO_DEP_CACHE), a
+// directory of the session volume that one writer seeds (a Job run with
+// its home there, when no build runs). Reads of a read-only cache need no
+// locks, so builds of a tenant-env run in parallel up to the worker's
+// limit; only the seeding is exclusive.
+type GradleJobBuilder struct {
+	Base
+	// ReadOnlyCacheSubPath is the seeded dependency cache's directory on
+	// the session volume (e.g. "cache/gradle"); empty: none, each build
+	// resolves its dependencies itself (offline builds then need them in
+	// the project).
+	ReadOnlyCacheSubPath string
+}
+
+// GradleRequest is one Gradle build.
+type GradleRequest struct {
+	Request
+	// Tasks are the Gradle tasks, e.g. ["build"] or ["test"].
+	Tasks []string
+	// Tests filters the test task (`--tests`), e.g. "com.acme.FooTest";
+	// empty: every test.
+	Tests string
+	// Offline adds --offline.
+	Offline bool
+}
+
+var (
+	gradleTask   = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_:-]{0,127}$`)
+	gradleFilter = regexp.MustCompile(`^[A-Za-z0-9_.$*#-]{1,256}$`)
+	subPath      = regexp.MustCompile(`^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$`)
+)
+
+// ReportsDir is where a Gradle build leaves its JUnit XML, relative to the
+// working tree (Gradle's default for the test task).
+const ReportsDir = "build/test-results"
+
+// Job returns the Job of r. Tasks and the test filter are plain names:
+// never options, so a request cannot add an init script or a property.
+func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
+	var errs []error
+	if len(r.Tasks) == 0 {
+		errs = append(errs, errors.New("gradle: no task"))
+	}
+	for _, t := range r.Tasks {
+		if !gradleTask.MatchString(t) {
+			errs = append(errs, fmt.Errorf("gradle task %q: want a task name", t))
+		}
+	}
+	if r.Tests != "" && !gradleFilter.MatchString(r.Tests) {
+		errs = append(errs, fmt.Errorf("gradle test filter %q: want a class or method pattern", r.Tests))
+	}
+	if g.ReadOnlyCacheSubPath != "" && !subPath.MatchString(g.ReadOnlyCacheSubPath) {
+		errs = append(errs, fmt.Errorf("gradle read-only cache %q: want a relative path of plain names", g.ReadOnlyCacheSubPath))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	args := append([]string{"--no-daemon", "--console=plain"}, r.Tasks...)
+	if r.Tests != "" {
+		args = append(args, "--tests", r.Tests)
+	}
+	if r.Offline {
+		args = append(args, "--offline")
+	}
+	c := corev1.Container{
+		Name: "gradle", Command: []string{"gradle"}, Args: args,
+		Env:          []corev1.EnvVar{{Name: "GRADLE_USER_HOME", Value: "/gradle-home"}, {Name: "HOME", Value: "/gradle-home"}},
+		VolumeMounts: []corev1.VolumeMount{{Name: "gradle-home", MountPath: "/gradle-home"}},
+	}
+	vols := []corev1.Volume{{Name: "gradle-home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if g.ReadOnlyCacheSubPath != "" {
+		c.Env = append(c.Env, corev1.EnvVar{Name: "GRADLE_RO_DEP_CACHE", Value: "/gradle-ro-cache"})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "workspace", MountPath: "/gradle-ro-cache", SubPath: g.ReadOnlyCacheSubPath, ReadOnly: true})
+	}
+	return g.job(r.Request, KindGradle, c, vols, false)
+}
