@@ -14,9 +14,14 @@
 // name is deterministic (JobName), so a create repeated after a restart
 // finds the Job already there instead of starting a second build.
 //
-// The dispatcher that watches Jobs, streams their logs into events and
-// reads their results, the worker's MCP build tool and the local runner
-// are issue 14's next parts (see the issue's notes).
+// Dispatcher runs Jobs in a namespace: a limit with a queue, create or
+// adopt, a watch to completion that survives expired resource versions, a
+// Pending timeout with the scheduler's or kubelet's reason, and
+// cancellation that deletes the Job with its pod. Results come from the
+// build's JUnit XML (Results.ParseJUnit), not from logs. Streaming pod logs
+// into events, the worker's MCP build tool, the reconcile after a worker
+// restart and the local runner are issue 14's next parts (see the issue's
+// notes).
 package buildjob
 
 import (

@@ -2,6 +2,8 @@ package buildjob_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +97,11 @@ func TestRefusals(t *testing.T) {
 // second create of the same build finds the first, and the policy is
 // shown to be in force by refusing a Job changed to use the node's
 // network.
-func TestJobsRunWithTheWorkersRights(t *testing.T) {
+// workerNamespace makes a tenant-env namespace as the provisioner would
+// for builds (its labels, the session claim, the Job policy in force) and
+// returns a client acting as its worker (exactly the worker's Role).
+func workerNamespace(t *testing.T) (worker kubernetes.Interface, tenant, ns string) {
+	t.Helper()
 	c := kubetest.Shared(t)
 	ctx := context.Background()
 	admin := c.Client()
@@ -106,8 +112,9 @@ func TestJobsRunWithTheWorkersRights(t *testing.T) {
 	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, bind, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	tenant := "bj" + strings.ToLower(strings.ReplaceAll(t.Name(), "Test", ""))[:6]
-	ns := provision.Namespace(tenant, "dev")
+	sum := sha256.Sum256([]byte(t.Name()))
+	tenant = "bj" + hex.EncodeToString(sum[:4])
+	ns = provision.Namespace(tenant, "dev")
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
 		Labels: map[string]string{provision.LabelManagedBy: provision.ManagedBy}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -127,7 +134,12 @@ func TestJobsRunWithTheWorkersRights(t *testing.T) {
 	// The policy is in force before anything is created (admission
 	// policies take a moment to load).
 	waitPolicy(t, worker, ns)
+	return worker, tenant, ns
+}
 
+func TestJobsRunWithTheWorkersRights(t *testing.T) {
+	ctx := context.Background()
+	worker, tenant, ns := workerNamespace(t)
 	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}, ReadOnlyCacheSubPath: "cache/gradle"}
 	gj, err := g.Job(buildjob.GradleRequest{Request: request(tenant, "dev"), Tasks: []string{"test"}, Tests: "com.acme.FooTest", Offline: true})
 	if err != nil {
@@ -209,5 +221,120 @@ func waitPolicy(t *testing.T, kube kubernetes.Interface, ns string) {
 			t.Fatalf("the Job policy is not in force in %s: %v", ns, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func gradleJob(t *testing.T, tenant, id string, base buildjob.Base) *batchv1.Job {
+	t.Helper()
+	if base.Image == "" {
+		base.Image = image
+	}
+	r := request(tenant, "dev")
+	r.ID = id
+	g := buildjob.GradleJobBuilder{Base: base}
+	j, err := g.Job(buildjob.GradleRequest{Request: r, Tasks: []string{"test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// The dispatcher runs a build to completion, and asked again for the same
+// build (a repeated request, a restarted worker) follows the existing Job
+// rather than starting another.
+func TestDispatcherRunsToCompletionOnce(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns}
+	j := gradleJob(t, tenant, "toolu_once", buildjob.Base{})
+	var seen []buildjob.Progress
+	out, err := d.Run(context.Background(), j, func(p buildjob.Progress) { seen = append(seen, p) })
+	if err != nil || out.Phase != buildjob.PhaseSucceeded {
+		t.Fatalf("outcome %+v %v", out, err)
+	}
+	if len(seen) == 0 || !seen[0].Started || seen[0].Adopted {
+		t.Errorf("progress %+v; want started first, not adopted", seen)
+	}
+	seen = nil
+	out, err = d.Run(context.Background(), j.DeepCopy(), func(p buildjob.Progress) { seen = append(seen, p) })
+	if err != nil || out.Phase != buildjob.PhaseSucceeded || len(seen) == 0 || !seen[0].Adopted {
+		t.Fatalf("the same build again: %+v %v, progress %+v; want the first Job followed", out, err, seen)
+	}
+	jobs, _ := worker.BatchV1().Jobs(ns).List(context.Background(), metav1.ListOptions{})
+	if len(jobs.Items) != 1 {
+		t.Errorf("%d Jobs for one build", len(jobs.Items))
+	}
+}
+
+// A build whose pod cannot be scheduled ends within its Pending timeout
+// with the scheduler's reason, and its Job is deleted.
+func TestDispatcherPendingTimeout(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns, PendingTimeout: 2 * time.Second}
+	j := gradleJob(t, tenant, "toolu_nowhere", buildjob.Base{NodeSelector: map[string]string{"talkide.dev/pool": "none"}})
+	out, err := d.Run(context.Background(), j, nil)
+	if err != nil || out.Phase != buildjob.PhaseFailed || out.Reason != "Unschedulable" || !strings.Contains(out.Message, "pending after 2s") {
+		t.Fatalf("outcome %+v %v; want failed Unschedulable", out, err)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Get(context.Background(), j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Job of a timed-out build: %v; want it deleted", err)
+	}
+}
+
+// Builds beyond the limit queue and are told their place; cancelling a
+// running build (the turn interrupted) deletes its Job, and the queued
+// build then runs.
+func TestDispatcherQueueAndCancel(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns, MaxConcurrent: 1, PendingTimeout: 10 * time.Minute}
+	stuck := gradleJob(t, tenant, "toolu_stuck", buildjob.Base{NodeSelector: map[string]string{"talkide.dev/pool": "none"}})
+	next := gradleJob(t, tenant, "toolu_next", buildjob.Base{})
+	ctx, interrupt := context.WithCancel(context.Background())
+	started := make(chan struct{}, 1)
+	firstDone := make(chan buildjob.Outcome, 1)
+	go func() {
+		out, err := d.Run(ctx, stuck, func(p buildjob.Progress) {
+			if p.Started {
+				started <- struct{}{}
+			}
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		firstDone <- out
+	}()
+	<-started
+	queued := make(chan int, 4)
+	secondDone := make(chan buildjob.Outcome, 1)
+	go func() {
+		out, err := d.Run(context.Background(), next, func(p buildjob.Progress) {
+			if p.Queued > 0 {
+				queued <- p.Queued
+			}
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		secondDone <- out
+	}()
+	if place := <-queued; place != 1 {
+		t.Fatalf("queued at place %d, want 1", place)
+	}
+	interrupt()
+	if out := <-firstDone; out.Phase != buildjob.PhaseCancelled {
+		t.Fatalf("the interrupted build: %+v", out)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Get(context.Background(), stuck.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the interrupted build's Job: %v; want it deleted", err)
+	}
+	if pods, _ := worker.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + stuck.Name}); len(pods.Items) != 0 {
+		t.Errorf("the interrupted build's pod is still there: %s", pods.Items[0].Name)
+	}
+	select {
+	case out := <-secondDone:
+		if out.Phase != buildjob.PhaseSucceeded {
+			t.Fatalf("the queued build: %+v", out)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the queued build never ran")
 	}
 }
