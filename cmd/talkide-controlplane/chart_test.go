@@ -264,6 +264,8 @@ func TestChartLintTemplateDryRun(t *testing.T) {
 		{"replicaCount=two", "/replicaCount"},
 		{"secret.name=x\n  y: z", "/secret/name"},
 		{"worker.egressCIDRs[0]=0.0.0.0/0\n  - 1", "/worker/egressCIDRs/0"},
+		{"podDisruptionBudget.minAvailable=1\n---\nkind: ClusterRoleBinding", "minAvailable"},
+		{"extraEnv[0].name=TALKIDE_CONFIG_REVISION", "extraEnv"},
 	} {
 		for major, bin := range bins {
 			out, err := helm(t, bin, c.Kubeconfig(), "template", "talkide", chart, "--kube-version", kubetest.Pinned().Kubernetes, "--set-string", bad.set)

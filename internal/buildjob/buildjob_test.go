@@ -338,3 +338,28 @@ func TestDispatcherQueueAndCancel(t *testing.T) {
 		t.Fatal("the queued build never ran")
 	}
 }
+
+// A finished build's log streams through the API server line by line
+// (kwok plays the kubelet: every container logged kubetest.FakeLogLine),
+// and the stream ends when the container has.
+func TestFollowLogs(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns}
+	j := gradleJob(t, tenant, "toolu_logs", buildjob.Base{})
+	if out, err := d.Run(context.Background(), j, nil); err != nil || out.Phase != buildjob.PhaseSucceeded {
+		t.Fatalf("outcome %+v %v", out, err)
+	}
+	pods, err := worker.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("pods %v %v", pods, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var lines []string
+	if err := d.FollowLogs(ctx, pods.Items[0].Name, "gradle", func(l string) { lines = append(lines, l) }); err != nil {
+		t.Fatalf("follow: %v (lines %q)", err, lines)
+	}
+	if len(lines) != 1 || lines[0] != kubetest.FakeLogLine {
+		t.Fatalf("lines %q; want the container's one line", lines)
+	}
+}

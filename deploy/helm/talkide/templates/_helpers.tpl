@@ -33,8 +33,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - name: {{ .name }}
   valueFrom:
     secretKeyRef:
-      name: {{ .secret }}
-      key: {{ .key }}
+      name: {{ .secret | quote }}
+      key: {{ .key | quote }}
       {{- if .optional }}
       optional: true
       {{- end }}
