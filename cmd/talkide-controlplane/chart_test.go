@@ -742,7 +742,7 @@ func TestRevisionThatCannotServeClaimsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if rev, err := db.ConfigRevision(context.Background()); err != nil || rev != 0 {
+	if rev, _, err := db.ConfigRevision(context.Background(), time.Now()); err != nil || rev != 0 {
 		t.Fatalf("configuration revision in charge: %d, %v; want none claimed", rev, err)
 	}
 }

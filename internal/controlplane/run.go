@@ -107,7 +107,7 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 		s.prov.Store(p)
 		// Only once it can serve: its configuration revision then takes
 		// the workers over from an older rollout's replicas.
-		go p.Run(ctx)
+		p.Start(ctx)
 		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image, "resync", cfg.Provision.Resync)
 	}
 	fds := currentFDBudget()

@@ -207,19 +207,21 @@ func (db *DB) ClaimConfigRevision(ctx context.Context, rev int64, now time.Time,
 		rev, now.UnixMilli(), staleAfter.Milliseconds()); err != nil {
 		return 0, fmt.Errorf("record configuration revision: %w", err)
 	}
-	return db.ConfigRevision(ctx)
+	cur, _, err := db.ConfigRevision(ctx, now)
+	return cur, err
 }
 
 // ConfigRevision returns the configuration revision in charge (see
-// ClaimConfigRevision), 0 when none was ever claimed.
-func (db *DB) ConfigRevision(ctx context.Context) (int64, error) {
-	var cur int64
-	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT revision FROM config_revision WHERE id = 1`)).Scan(&cur)
+// ClaimConfigRevision), 0 when none was ever claimed, and whether it was
+// seen within its staleness window at now.
+func (db *DB) ConfigRevision(ctx context.Context, now time.Time) (rev int64, live bool, err error) {
+	var seen, stale int64
+	err = db.SQL.QueryRowContext(ctx, db.Q(`SELECT revision, seen_at, stale_ms FROM config_revision WHERE id = 1`)).Scan(&rev, &seen, &stale)
 	if err == sql.ErrNoRows {
-		return 0, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("configuration revision: %w", err)
+		return 0, false, fmt.Errorf("configuration revision: %w", err)
 	}
-	return cur, nil
+	return rev, seen+stale >= now.UnixMilli(), nil
 }

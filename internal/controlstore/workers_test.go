@@ -65,8 +65,8 @@ func testWorkerRecords(t *testing.T, db *DB) {
 	}
 	// The newest configuration revision seen stays in charge; one no
 	// longer seen gives way.
-	if got, err := db.ConfigRevision(ctx); err != nil || got != 0 {
-		t.Errorf("ConfigRevision before any claim = %d, %v; want 0", got, err)
+	if got, live, err := db.ConfigRevision(ctx, time.Now()); err != nil || got != 0 || live {
+		t.Errorf("ConfigRevision before any claim = %d, %v, %v; want 0, not live", got, live, err)
 	}
 	t0 := time.UnixMilli(1_000_000)
 	for _, c := range []struct {
@@ -83,6 +83,13 @@ func testWorkerRecords(t *testing.T, db *DB) {
 		if got, err := db.ClaimConfigRevision(ctx, c.rev, t0.Add(c.after), c.stale); err != nil || got != c.want {
 			t.Errorf("ClaimConfigRevision(%d at +%v) = %d, %v; want %d", c.rev, c.after, got, err, c.want)
 		}
+	}
+	// The last claim (revision 9 at +1h30m, window 1s) is live for a second.
+	if rev, live, _ := db.ConfigRevision(ctx, t0.Add(time.Hour+30*time.Minute+time.Second)); rev != 9 || !live {
+		t.Errorf("ConfigRevision within the window: %d live %v", rev, live)
+	}
+	if rev, live, _ := db.ConfigRevision(ctx, t0.Add(time.Hour+30*time.Minute+time.Second+2*time.Millisecond)); rev != 9 || live {
+		t.Errorf("ConfigRevision past the window: %d live %v", rev, live)
 	}
 	g3, _ := db.SetWorkerDesired(ctx, "acme", "prod", WorkerPresent, at)
 	if err := db.DeleteWorkerRecord(ctx, "acme", "prod", g3); !errors.Is(err, ErrNotFound) {

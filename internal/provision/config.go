@@ -123,6 +123,10 @@ func (c *Config) revisionHeartbeat() time.Duration {
 	return min(max(c.Resync/3, time.Second), 10*time.Second)
 }
 
+// revisionSettle is how long a serving control plane runs before it
+// claims its configuration revision: three heartbeats.
+func (c *Config) revisionSettle() time.Duration { return 3 * c.revisionHeartbeat() }
+
 // revisionStale is how long a configuration revision stays in charge
 // unseen: six heartbeats (a minute by default).
 func (c *Config) revisionStale() time.Duration { return 6 * c.revisionHeartbeat() }

@@ -121,6 +121,11 @@ func (p *K8sWorkerProvisioner) Run(ctx context.Context) {
 		p.cfg.Logger.Error("the ValidatingAdmissionPolicy " + ScopePolicyName + " is not installed: the control plane's ServiceAccount is not confined to the namespaces it makes (install `talkide-controlplane clusterrole`; docs/provisioning.md)")
 	}
 	if p.cfg.ConfigRevision > 0 {
+		p.mu.Lock()
+		if p.runAt.IsZero() {
+			p.runAt = p.now()
+		}
+		p.mu.Unlock()
 		go p.heartbeat(ctx)
 	}
 	t := time.NewTicker(p.cfg.Resync)
@@ -154,6 +159,16 @@ func (p *K8sWorkerProvisioner) heartbeat(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// Start runs Run in a goroutine, counting the control plane as serving
+// from now (the settling of its configuration revision starts before the
+// first request can reach it).
+func (p *K8sWorkerProvisioner) Start(ctx context.Context) {
+	p.mu.Lock()
+	p.runAt = p.now()
+	p.mu.Unlock()
+	go p.Run(ctx)
 }
 
 // ReconcileAll is one resync pass (see Run). It goes on past a failing

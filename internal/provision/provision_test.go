@@ -784,3 +784,23 @@ func TestOlderConfigurationLeavesTheWorkersToTheNewer(t *testing.T) {
 		t.Fatalf("a restarted older control plane put back image %s", got)
 	}
 }
+
+// A serving control plane of a new revision takes the workers over only
+// after it has served for a while (three heartbeats): one that crashes
+// soon after each start (a crash loop) never does, so the workers do not
+// roll forward and back with each of its restarts.
+func TestNewRevisionSettlesBeforeItTakesOver(t *testing.T) {
+	r := newRig(t, func(c *provision.Config) { c.ConfigRevision = 3 })
+	ctx := context.Background()
+	if err := r.p.ReconcileAll(ctx); err != nil { // revision 3 claims
+		t.Fatal(err)
+	}
+	r.cfg.ConfigRevision = 4
+	newer := r.another(r.kube)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	newer.Start(runCtx)
+	if _, err := newer.Provision(ctx, r.tenant(), "dev"); reasonOf(err) != provision.ReasonOutdatedConfig || !strings.Contains(err.Error(), "started less than") {
+		t.Fatalf("a provision through a control plane still settling while revision 3 runs: %v; want OutdatedConfig", err)
+	}
+}

@@ -41,7 +41,7 @@ type Store interface {
 	SetWorkerIdentity(ctx context.Context, tenant, env, jti string) error
 	InstallationID(ctx context.Context) (string, error)
 	ClaimConfigRevision(ctx context.Context, rev int64, now time.Time, staleAfter time.Duration) (int64, error)
-	ConfigRevision(ctx context.Context) (int64, error)
+	ConfigRevision(ctx context.Context, now time.Time) (rev int64, live bool, err error)
 }
 
 var _ Store = (*controlstore.DB)(nil)
@@ -74,6 +74,9 @@ type K8sWorkerProvisioner struct {
 	// claimedAt is when this control plane last said its configuration
 	// revision runs (guarded by mu; see checkConfigRevision).
 	claimedAt time.Time
+	// runAt is when Run started (guarded by mu); zero without Run (an
+	// operator's command, a test driving ReconcileAll).
+	runAt time.Time
 
 	// orphanAge (a minute) is how old an unrevoked identity token that is
 	// neither in the Secret nor retiring must be before it is revoked as
@@ -352,9 +355,26 @@ func (p *K8sWorkerProvisioner) checkConfigRevision(ctx context.Context) error {
 	now := p.now()
 	p.mu.Lock()
 	claim := now.Sub(p.claimedAt) >= p.cfg.revisionHeartbeat()
+	// A serving control plane (Run) claims only after it has served for
+	// a while: a new revision that crashes soon after it starts must not
+	// take the workers from the one serving, and give them back, at each
+	// restart of a crash loop.
+	settling := !p.runAt.IsZero() && p.claimedAt.IsZero() && now.Sub(p.runAt) < p.cfg.revisionSettle()
 	p.mu.Unlock()
 	var cur int64
 	var err error
+	if settling {
+		// Work, without claiming, unless another revision is in charge.
+		var live bool
+		if cur, live, err = p.store.ConfigRevision(ctx, now); err != nil {
+			return err
+		}
+		if cur != p.cfg.ConfigRevision && live {
+			return &Error{Reason: ReasonOutdatedConfig, Message: fmt.Sprintf(
+				"this control plane (configuration revision %d) started less than %v ago: it takes the workers over once it has served that long", p.cfg.ConfigRevision, p.cfg.revisionSettle())}
+		}
+		return nil
+	}
 	if claim {
 		cur, err = p.store.ClaimConfigRevision(ctx, p.cfg.ConfigRevision, now, p.cfg.revisionStale())
 		if err == nil {
@@ -363,7 +383,7 @@ func (p *K8sWorkerProvisioner) checkConfigRevision(ctx context.Context) error {
 			p.mu.Unlock()
 		}
 	} else {
-		cur, err = p.store.ConfigRevision(ctx)
+		cur, _, err = p.store.ConfigRevision(ctx, now)
 	}
 	if err != nil {
 		return err
