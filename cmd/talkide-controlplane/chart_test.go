@@ -746,3 +746,21 @@ func TestRevisionThatCannotServeClaimsNothing(t *testing.T) {
 		t.Fatalf("configuration revision in charge: %d, %v; want none claimed", rev, err)
 	}
 }
+
+// A database URL whose password holds a raw '@' is refused at start with
+// how to write it, and no part of the password reaches the log (pgx took
+// what follows the first '@' for the host and logged it in a DNS error).
+func TestDatabaseURLWithARawAtIsRefused(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, _ := token.NewMasterKey("k1")
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), envExecMain+"=1", "TALKIDE_HTTP_ADDR=127.0.0.1:0", "TALKIDE_MASTER_KEYS="+mk.String(),
+		"TALKIDE_DATABASE_URL=postgres://u:SEC@RETPW@127.0.0.1:1/db")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "percent-encode") || strings.Contains(string(out), "RETPW") || strings.Contains(string(out), "SEC@") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/pgdsn"
 	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -133,6 +134,10 @@ func (c *Config) Validate() error {
 	}
 	if c.DatabaseURL != "" && !controlstore.IsPostgresURL(c.DatabaseURL) {
 		errs = append(errs, errors.New("TALKIDE_DATABASE_URL: want a postgres:// URL (leave it unset for SQLite at TALKIDE_DB_PATH)"))
+	} else if c.DatabaseURL != "" {
+		if err := pgdsn.CheckURL(c.DatabaseURL); err != nil {
+			errs = append(errs, fmt.Errorf("TALKIDE_DATABASE_URL: %w", err))
+		}
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		errs = append(errs, errors.New("TALKIDE_ADMIN_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))

@@ -9,6 +9,7 @@
 package pgdsn
 
 import (
+	"errors"
 	"net/url"
 	"strings"
 )
@@ -19,6 +20,21 @@ const mask = "xxxxx"
 // postgresql://); anything else pgx reads as keyword/value pairs.
 func IsURL(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// CheckURL refuses a postgres:// URL whose user information holds a raw
+// '@': parsers disagree on where such a password ends (pgx splits at the
+// first '@', net/url at the last), so part of the password would be taken
+// for the host and end up in a DNS error. The error never repeats the URL.
+func CheckURL(s string) error {
+	rest := s[strings.Index(s, "://")+3:]
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	if strings.Count(rest, "@") > 1 {
+		return errors.New("the database URL's user or password holds a raw '@': percent-encode it as %40 (and '/' as %2F, ':' as %3A)")
+	}
+	return nil
 }
 
 // secretKey reports whether a parameter named key holds a secret: password

@@ -68,3 +68,19 @@ func TestScrubRemovesPasswordsFromText(t *testing.T) {
 		t.Errorf("Scrub with no password changed the text to %q", got)
 	}
 }
+
+// A raw '@' in the user information is refused, without the URL in the
+// error; percent-encoded, or in the query, it is fine.
+func TestCheckURLRefusesARawAt(t *testing.T) {
+	for _, bad := range []string{"postgres://u:SEC@RETPW@127.0.0.1:1/db", "postgresql://u@x:p@h/db"} {
+		err := CheckURL(bad)
+		if err == nil || strings.Contains(err.Error(), "SEC") || strings.Contains(err.Error(), "RETPW") {
+			t.Errorf("CheckURL: %v", err)
+		}
+	}
+	for _, ok := range []string{"postgres://u:SEC%40RETPW@127.0.0.1:1/db", "postgres://u@h/db?application_name=a@b", "postgres://h/db"} {
+		if err := CheckURL(ok); err != nil {
+			t.Errorf("CheckURL(%q): %v", ok, err)
+		}
+	}
+}
