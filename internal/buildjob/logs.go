@@ -15,6 +15,9 @@ import (
 // MaxLogLine is the longest log line passed on; longer ones are cut.
 const MaxLogLine = 16 << 10
 
+// LogDrain is how long a log stream is read after its container ended.
+const LogDrain = 2 * time.Second
+
 // FollowLogs streams the log of the build's container in pod to line, one
 // call per line, until the container ends and its log is read to the end,
 // or ctx ends. A dropped stream is resumed from the last line's timestamp
@@ -24,10 +27,9 @@ const MaxLogLine = 16 << 10
 // rotation can lose lines, so results are read from the build's files.
 func (d *Dispatcher) FollowLogs(ctx context.Context, pod, container string, line func(string)) error {
 	d.init()
-	var since *metav1.Time
-	seenAtSince := map[string]int{} // lines passed on at the instant since
+	cur := &logCursor{seen: map[string]int{}}
 	for attempt := 0; ; attempt++ {
-		done, err := d.followOnce(ctx, pod, container, &since, seenAtSince, line)
+		done, err := d.followOnce(ctx, pod, container, cur, line)
 		if done || ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -51,40 +53,59 @@ func errString(err error) string {
 
 // followOnce reads one stream; done when it ended with the container
 // finished (nothing more will be logged).
-func (d *Dispatcher) followOnce(ctx context.Context, pod, container string, since **metav1.Time, seen map[string]int, line func(string)) (bool, error) {
+func (d *Dispatcher) followOnce(ctx context.Context, pod, container string, cur *logCursor, line func(string)) (bool, error) {
 	opts := &corev1.PodLogOptions{Container: container, Follow: true, Timestamps: true}
-	if *since != nil {
-		opts.SinceTime = *since
+	if cur.since != nil {
+		opts.SinceTime = cur.since
 	}
-	rc, err := d.Kube.CoreV1().Pods(d.Namespace).GetLogs(pod, opts).Stream(ctx)
+	cur.restart()
+	// Some kubelets (and kwok) keep a follow stream open after the
+	// container ended: once it has, the stream gets LogDrain more to
+	// deliver what is left, then is closed.
+	streamCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	ended := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-streamCtx.Done():
+				return
+			case <-t.C:
+			}
+			if p, err := d.Kube.CoreV1().Pods(d.Namespace).Get(streamCtx, pod, metav1.GetOptions{}); err == nil && terminated(p, container) {
+				close(ended)
+				select {
+				case <-streamCtx.Done():
+				case <-time.After(LogDrain):
+					stop()
+				}
+				return
+			}
+		}
+	}()
+	rc, err := d.Kube.CoreV1().Pods(d.Namespace).GetLogs(pod, opts).Stream(streamCtx)
 	if err != nil {
 		return false, err
 	}
 	defer rc.Close()
 	r := bufio.NewReaderSize(rc, 64<<10)
-	counted := map[string]int{}
 	for {
 		raw, err := readLine(r)
 		if raw != "" {
-			ts, text, ok := strings.Cut(raw, " ")
-			t, perr := time.Parse(time.RFC3339Nano, ts)
-			if !ok || perr != nil {
-				text = raw // not timestamped: pass it on as it is
-			} else {
-				key := ts + " " + text
-				counted[key]++
-				if *since != nil && t.Equal((*since).Time) && counted[key] <= seen[key] {
-					continue // passed on before the stream dropped
-				}
-				if *since == nil || t.After((*since).Time) {
-					*since = &metav1.Time{Time: t}
-					clear(seen)
-				}
-				seen[key]++
+			if text, ok := cur.line(raw); ok {
+				line(text)
 			}
-			line(text)
 		}
 		if err != nil {
+			select {
+			case <-ended:
+				if ctx.Err() == nil {
+					return true, nil // the container ended and its log was drained
+				}
+			default:
+			}
 			if !errors.Is(err, io.EOF) {
 				return false, err
 			}
@@ -122,4 +143,37 @@ func terminated(p *corev1.Pod, container string) bool {
 		}
 	}
 	return false
+}
+
+// logCursor is where a log stream got to, so that a stream resumed from
+// the last timestamp (SinceTime is inclusive) passes on no line twice.
+type logCursor struct {
+	since   *metav1.Time   // the last line's timestamp
+	seen    map[string]int // lines passed on at the instant since
+	counted map[string]int // lines of the current stream at each key
+}
+
+// restart begins a new stream.
+func (c *logCursor) restart() { c.counted = map[string]int{} }
+
+// line takes a timestamped log line ("<RFC3339Nano> <text>") and returns
+// its text, and whether to pass it on: not when an earlier stream passed it
+// on already. A line without a timestamp is passed on as it is.
+func (c *logCursor) line(raw string) (string, bool) {
+	ts, text, ok := strings.Cut(raw, " ")
+	t, err := time.Parse(time.RFC3339Nano, ts)
+	if !ok || err != nil {
+		return raw, true
+	}
+	key := ts + " " + text
+	c.counted[key]++
+	if c.since != nil && t.Equal(c.since.Time) && c.counted[key] <= c.seen[key] {
+		return "", false
+	}
+	if c.since == nil || t.After(c.since.Time) {
+		c.since = &metav1.Time{Time: t}
+		clear(c.seen)
+	}
+	c.seen[key]++
+	return text, true
 }
