@@ -363,3 +363,37 @@ func TestFollowLogs(t *testing.T) {
 		t.Fatalf("lines %q; want the container's one line", lines)
 	}
 }
+
+// After a worker restart: the build Jobs its SessionStore still expects
+// are kept (and followed again, a finished one's result still delivered),
+// the others (a deleted conversation's) are deleted.
+func TestReconcileAfterRestart(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns}
+	kept := gradleJob(t, tenant, "toolu_kept", buildjob.Base{})
+	orphan := gradleJob(t, tenant, "toolu_orphan", buildjob.Base{})
+	for _, j := range []*batchv1.Job{kept, orphan} {
+		if out, err := d.Run(context.Background(), j, nil); err != nil || out.Phase != buildjob.PhaseSucceeded {
+			t.Fatalf("%s: %+v %v", j.Name, out, err)
+		}
+	}
+	restarted := &buildjob.Dispatcher{Kube: worker, Namespace: ns}
+	keep, err := restarted.Reconcile(context.Background(), func(conv, build string) bool { return build == "toolu_kept" })
+	if err != nil || len(keep) != 1 || keep[0].Job != kept.Name || !keep[0].Finished {
+		t.Fatalf("kept %+v %v", keep, err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		j, err := worker.BatchV1().Jobs(ns).Get(context.Background(), orphan.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan: %v %v; want it deleted", j.DeletionTimestamp, err)
+		}
+	}
+	var adopted bool
+	out, err := restarted.Run(context.Background(), kept.DeepCopy(), func(p buildjob.Progress) { adopted = adopted || p.Adopted })
+	if err != nil || out.Phase != buildjob.PhaseSucceeded || !adopted {
+		t.Fatalf("the kept build followed again: %+v %v adopted %v", out, err, adopted)
+	}
+}

@@ -336,3 +336,45 @@ func condition(j *batchv1.Job, t batchv1.JobConditionType) bool {
 	}
 	return false
 }
+
+// Existing is a build Job found in the namespace.
+type Existing struct {
+	Job          string
+	Conversation string
+	Build        string
+	Kind         Kind
+	Finished     bool
+}
+
+// Reconcile is the level-based pass after a worker (re)starts: it lists the
+// build Jobs in the namespace, deletes (with their pods) those that
+// expected does not claim (a deleted conversation, a build nobody waits
+// for any more) and returns the others, which the caller follows again
+// with Run (it adopts them: a finished one's result is still delivered).
+func (d *Dispatcher) Reconcile(ctx context.Context, expected func(conversation, build string) bool) ([]Existing, error) {
+	d.init()
+	jobs, err := d.Kube.BatchV1().Jobs(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelComponent + "=" + ComponentBuild})
+	if err != nil {
+		return nil, fmt.Errorf("list build Jobs: %w", err)
+	}
+	var keep []Existing
+	var errs []error
+	for _, j := range jobs.Items {
+		e := Existing{Job: j.Name, Conversation: j.Labels[LabelConversation], Build: j.Labels[LabelBuild], Kind: Kind(j.Labels[LabelKind]),
+			Finished: condition(&j, batchv1.JobComplete) || condition(&j, batchv1.JobFailed)}
+		if j.DeletionTimestamp == nil && expected(e.Conversation, e.Build) {
+			keep = append(keep, e)
+			continue
+		}
+		if j.DeletionTimestamp != nil {
+			continue
+		}
+		err := d.Kube.BatchV1().Jobs(d.Namespace).Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete orphaned build Job %s: %w", j.Name, err))
+			continue
+		}
+		d.Logger.Info("orphaned build Job deleted", "namespace", d.Namespace, "job", j.Name, "conversation", e.Conversation, "build", e.Build)
+	}
+	return keep, errors.Join(errs...)
+}
