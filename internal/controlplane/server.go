@@ -522,26 +522,32 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 // on it would take every replica out of the Service at once, the browser
 // API, the mint and the workers' reports with them, and stall rollouts.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	if s.shuttingDown() {
-		return errShuttingDown()
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
-	if err := s.db.SQL.PingContext(ctx); err != nil {
-		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "database unavailable", err)
+	if err := s.serving(ctx); err != nil {
+		return err
 	}
 	httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil
 }
 
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+// serving checks what this replica needs to serve: not shutting down, its
+// database answering.
+func (s *Server) serving(ctx context.Context) error {
 	if s.shuttingDown() {
 		return errShuttingDown()
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-	defer cancel()
 	if err := s.db.SQL.PingContext(ctx); err != nil {
 		return httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "database unavailable", err)
+	}
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.serving(ctx); err != nil {
+		return err
 	}
 	for _, te := range s.cfg.HealthWorkers {
 		wc, err := s.workers.client(te[0], te[1])
