@@ -1,0 +1,82 @@
+package buildjob
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/talkide/talkide/internal/agentfs"
+)
+
+// Bounds of a results read.
+const (
+	maxTaskDirs    = 64   // directories under build/test-results (one per test task)
+	maxReportFiles = 4096 // report files read in all
+)
+
+// ReadResults reads a finished build's JUnit reports from the
+// conversation's working tree, <workspaceRoot>/<conversation>/ReportsDir/
+// <task>/TEST-*.xml, as the files the build wrote (logs can lose lines at
+// rotation; these do not). The tree is the agent's: nothing in it is
+// followed (agentfs: no symbolic link in any component, no FIFO or device
+// opened), reports must be regular files owned by uid (the agent's; a hard
+// link to another's file is refused) and within MaxReportBytes, and at most
+// maxReportFiles are read. A report that cannot be read or parsed is
+// skipped and named in skipped, with why; err is for a tree with no
+// reports directory at all (fs.ErrNotExist inside) or that cannot be read.
+func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skipped []string, err error) {
+	if !idPattern.MatchString(conversation) {
+		return r, nil, fmt.Errorf("conversation %q: want letters, digits, - and _", conversation)
+	}
+	root, err := agentfs.OpenRoot(workspaceRoot)
+	if err != nil {
+		return r, nil, err
+	}
+	defer root.Close()
+	reports, err := root.OpenDir(conversation + "/" + ReportsDir)
+	if err != nil {
+		return r, nil, err
+	}
+	defer reports.Close()
+	tasks, err := reports.Names(maxTaskDirs)
+	if err != nil && !errors.Is(err, agentfs.ErrTooMany) {
+		return r, nil, err
+	}
+	slices.Sort(tasks)
+	read := 0
+	for _, task := range tasks {
+		dir, err := reports.OpenDir(task)
+		if err != nil {
+			skipped = append(skipped, task+": "+agentfs.Category(err))
+			continue
+		}
+		names, err := dir.Names(maxReportFiles)
+		if err != nil && !errors.Is(err, agentfs.ErrTooMany) {
+			skipped = append(skipped, task+": "+agentfs.Category(err))
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			if !strings.HasPrefix(name, "TEST-") || !strings.HasSuffix(name, ".xml") {
+				continue
+			}
+			if read == maxReportFiles {
+				skipped = append(skipped, fmt.Sprintf("%s/%s and further reports: more than %d", task, name, maxReportFiles))
+				break
+			}
+			read++
+			f, _, err := dir.Open(name, agentfs.Limits{MaxBytes: MaxReportBytes, UID: uid})
+			if err != nil {
+				skipped = append(skipped, task+"/"+name+": "+agentfs.Category(err))
+				continue
+			}
+			err = r.ParseJUnit(f)
+			f.Close()
+			if err != nil {
+				skipped = append(skipped, task+"/"+name+": not a JUnit report")
+			}
+		}
+		dir.Close()
+	}
+	return r, skipped, nil
+}
