@@ -375,6 +375,15 @@ func checkFullRender(t *testing.T, objs []*unstructured.Unstructured) {
 	if ref := env["TALKIDE_MASTER_KEYS"].ValueFrom; ref == nil || ref.SecretKeyRef.Name != "talkide-secrets" {
 		t.Errorf("secret.name not used: %+v", env["TALKIDE_MASTER_KEYS"])
 	}
+	pod := d.Spec.Template
+	if pod.Labels["team"] != "platform" || pod.Labels["app.kubernetes.io/name"] != "talkide-controlplane" || pod.Spec.PriorityClassName != "talkide-critical" ||
+		len(pod.Spec.Volumes) != 2 || pod.Spec.Volumes[1].Name != "db-ca" || len(pod.Spec.Containers[0].VolumeMounts) != 2 {
+		t.Errorf("pod labels %v, priority class %q, volumes %+v", pod.Labels, pod.Spec.PriorityClassName, pod.Spec.Volumes)
+	}
+	sa := find(objs, "ServiceAccount", "talkide-controlplane")
+	if sa == nil || sa.GetAnnotations()["eks.amazonaws.com/role-arn"] == "" {
+		t.Errorf("the ServiceAccount's annotations: %v", sa)
+	}
 }
 
 // dryRunApply server-side applies every object with dryRun=All: the API
