@@ -727,19 +727,9 @@ func TestRevisionThatCannotServeClaimsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dbPath := filepath.Join(t.TempDir(), "cp.db")
 	mk, _ := token.NewMasterKey("k1")
-	cmd := exec.Command(self)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TALKIDE_") && !strings.HasPrefix(kv, "ANTHROPIC_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, envExecMain+"=1", "TALKIDE_HTTP_ADDR="+taken.Addr().String(), "TALKIDE_DB_PATH="+dbPath,
+	cmd := controlPlaneCommand(t, "TALKIDE_HTTP_ADDR="+taken.Addr().String(), "TALKIDE_DB_PATH="+dbPath,
 		"TALKIDE_MASTER_KEYS="+mk.String(), "TALKIDE_PROVISIONER=kubernetes", "TALKIDE_WORKER_IMAGE=example.invalid/w:1",
 		"TALKIDE_CONFIG_REVISION=5", "KUBECONFIG="+c.Kubeconfig(), "TALKIDE_UPSTREAM_URL=http://127.0.0.1:1")
 	out, err := cmd.CombinedOutput()
@@ -760,14 +750,8 @@ func TestRevisionThatCannotServeClaimsNothing(t *testing.T) {
 // how to write it, and no part of the password reaches the log (pgx took
 // what follows the first '@' for the host and logged it in a DNS error).
 func TestDatabaseURLWithARawAtIsRefused(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	mk, _ := token.NewMasterKey("k1")
-	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), envExecMain+"=1", "TALKIDE_HTTP_ADDR=127.0.0.1:0", "TALKIDE_MASTER_KEYS="+mk.String(),
-		"TALKIDE_DATABASE_URL=postgres://u:SEC@RETPW@127.0.0.1:1/db")
+	cmd := controlPlaneCommand(t, "TALKIDE_MASTER_KEYS="+mk.String(), "TALKIDE_DATABASE_URL=postgres://u:SEC@RETPW@127.0.0.1:1/db")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "percent-encode") || strings.Contains(string(out), "RETPW") || strings.Contains(string(out), "SEC@") {
 		t.Fatalf("%v\n%s", err, out)

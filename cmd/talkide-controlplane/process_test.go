@@ -40,14 +40,25 @@ type cpProcess struct{ *platformtest.Process }
 // test if it still runs.
 func startControlPlaneProcess(t *testing.T, env []string, wrap string) *cpProcess {
 	t.Helper()
+	cmd := controlPlaneCommand(t, env...)
+	if wrap != "" {
+		cmd.Args = []string{"/bin/sh", "-c", wrap + ` exec "$0"`, cmd.Path}
+		cmd.Path = "/bin/sh"
+	}
+	return &cpProcess{platformtest.StartProcess(t, cmd, "control plane listening", os.Kill, time.Minute)}
+}
+
+// controlPlaneCommand is this test binary run as the control plane, with
+// env on top of this process's environment without any TALKIDE_ or
+// ANTHROPIC_ variable (and TALKIDE_HTTP_ADDR a free loopback port unless
+// env sets it).
+func controlPlaneCommand(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self)
-	if wrap != "" {
-		cmd = exec.Command("/bin/sh", "-c", wrap+` exec "$0"`, self)
-	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "TALKIDE_") && !strings.HasPrefix(kv, "ANTHROPIC_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -55,7 +66,7 @@ func startControlPlaneProcess(t *testing.T, env []string, wrap string) *cpProces
 	}
 	cmd.Env = append(cmd.Env, envExecMain+"=1", "TALKIDE_HTTP_ADDR=127.0.0.1:0")
 	cmd.Env = append(cmd.Env, env...)
-	return &cpProcess{platformtest.StartProcess(t, cmd, "control plane listening", os.Kill, time.Minute)}
+	return cmd
 }
 
 // waitReady polls /healthz until it answers 200.

@@ -17,11 +17,11 @@
 // Dispatcher runs Jobs in a namespace: a limit with a queue, create or
 // adopt, a watch to completion that survives expired resource versions, a
 // Pending timeout with the scheduler's or kubelet's reason, and
-// cancellation that deletes the Job with its pod. Results come from the
-// build's JUnit XML (Results.ParseJUnit), not from logs. Streaming pod logs
-// into events, the worker's MCP build tool, the reconcile after a worker
-// restart and the local runner are issue 14's next parts (see the issue's
-// notes).
+// cancellation that deletes the Job with its pod; FollowLogs streams a
+// build's log with resume; Reconcile is the pass after a worker restart.
+// Results come from the build's JUnit files in the working tree
+// (ReadResults), not from logs. The worker's MCP build tool and its events,
+// and the local runner, are issue 14's next parts (see the closing notes).
 package buildjob
 
 import (
