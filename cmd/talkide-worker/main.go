@@ -112,8 +112,16 @@ func configFromEnv() (worker.Config, error) {
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
+	cfg.Builds = worker.BuildConfig{Mode: os.Getenv("TALKIDE_BUILDS"), Image: os.Getenv("TALKIDE_BUILD_IMAGE"),
+		GradleReadOnlyCache: os.Getenv("TALKIDE_BUILD_GRADLE_RO_CACHE"), Gradle: os.Getenv("TALKIDE_BUILD_GRADLE")}
+	if cfg.Builds.NodeSelector, err = worker.ParseSelector(os.Getenv("TALKIDE_BUILD_NODE_SELECTOR")); err != nil {
+		return cfg, fmt.Errorf("TALKIDE_BUILD_NODE_SELECTOR: %w", err)
+	}
+	if cfg.Builds.Tolerations, err = worker.ParseTolerations(os.Getenv("TALKIDE_BUILD_TOLERATIONS")); err != nil {
+		return cfg, fmt.Errorf("TALKIDE_BUILD_TOLERATIONS: %w", err)
+	}
 	for name, dst := range map[string]*time.Duration{"TALKIDE_IDLE_TIMEOUT": &cfg.IdleTimeout, "TALKIDE_SHUTDOWN_GRACE": &cfg.ShutdownGrace, "TALKIDE_PERMISSION_TIMEOUT": &cfg.PermissionTimeout,
-		"TALKIDE_IDENTITY_FAILURE_GRACE": &cfg.IdentityFailureGrace} {
+		"TALKIDE_IDENTITY_FAILURE_GRACE": &cfg.IdentityFailureGrace, "TALKIDE_BUILD_TIMEOUT": &cfg.Builds.Timeout, "TALKIDE_BUILD_PENDING_TIMEOUT": &cfg.Builds.PendingTimeout} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
@@ -126,7 +134,8 @@ func configFromEnv() (worker.Config, error) {
 		cfg.HostUIDDir = sandbox.DefaultHostUIDDir
 	}
 	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents,
-		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversations, "TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser} {
+		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversations, "TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser,
+		"TALKIDE_BUILD_MAX_CONCURRENT": &cfg.Builds.MaxConcurrent} {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {

@@ -26,6 +26,8 @@ const (
 	PhaseSucceeded = "succeeded"
 	PhaseFailed    = "failed"
 	PhaseCancelled = "cancelled"
+	// PhaseDetached: the follower stopped (Hooks.Detach), the build goes on.
+	PhaseDetached = "detached"
 )
 
 // Outcome is how a build Job ended. Reason is one CamelCase word: the
@@ -155,12 +157,36 @@ func (d *Dispatcher) releaseLocked() {
 // (foreground propagation) and the outcome is Cancelled. Errors are the
 // API's, when the Job could be neither created nor read.
 func (d *Dispatcher) Run(ctx context.Context, job *batchv1.Job, progress func(Progress)) (Outcome, error) {
+	return d.run(ctx, nil, job, progress)
+}
+
+// run is Run that returns PhaseDetached, leaving the Job as it is, once
+// detach is closed (nil: never).
+func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batchv1.Job, progress func(Progress)) (Outcome, error) {
 	d.init()
 	if progress == nil {
 		progress = func(Progress) {}
 	}
 	out := Outcome{Job: job.Name}
-	if err := d.acquire(ctx, progress); err != nil {
+	detached := func() (Outcome, error) {
+		out.Phase, out.Reason, out.Message = PhaseDetached, "Detached", "the worker stopped following the build"
+		return out, nil
+	}
+	acquireCtx, stopAcquire := context.WithCancel(ctx)
+	defer stopAcquire()
+	if detach != nil {
+		go func() {
+			select {
+			case <-detach:
+				stopAcquire()
+			case <-acquireCtx.Done():
+			}
+		}()
+	}
+	if err := d.acquire(acquireCtx, progress); err != nil {
+		if ctx.Err() == nil {
+			return detached()
+		}
 		out.Phase, out.Reason, out.Message = PhaseCancelled, "Cancelled", "cancelled while queued"
 		return out, nil
 	}
@@ -246,6 +272,8 @@ func (d *Dispatcher) Run(ctx context.Context, job *batchv1.Job, progress func(Pr
 			return out, nil
 		case <-ctx.Done():
 			return d.cancel(job.Name, out, "cancelled")
+		case <-detach:
+			return detached()
 		case <-tick.C:
 			pod, err := d.buildPod(ctx, job.Name)
 			if err != nil || pod == nil {

@@ -42,8 +42,9 @@ type GradleRequest struct {
 }
 
 var (
-	gradleTask   = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_:-]{0,127}$`)
-	gradleFilter = regexp.MustCompile(`^[A-Za-z0-9_.$*#-]{1,256}$`)
+	gradleTask = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_:-]{0,127}$`)
+	// A filter never starts with '-': it is an argument, not an option.
+	gradleFilter = regexp.MustCompile(`^[A-Za-z0-9_.$*#][A-Za-z0-9_.$*#-]{0,255}$`)
 	subPath      = regexp.MustCompile(`^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$`)
 )
 
@@ -54,18 +55,7 @@ const ReportsDir = "build/test-results"
 // Job returns the Job of r. Tasks and the test filter are plain names:
 // never options, so a request cannot add an init script or a property.
 func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
-	var errs []error
-	if len(r.Tasks) == 0 {
-		errs = append(errs, errors.New("gradle: no task"))
-	}
-	for _, t := range r.Tasks {
-		if !gradleTask.MatchString(t) {
-			errs = append(errs, fmt.Errorf("gradle task %q: want a task name", t))
-		}
-	}
-	if r.Tests != "" && !gradleFilter.MatchString(r.Tests) {
-		errs = append(errs, fmt.Errorf("gradle test filter %q: want a class or method pattern", r.Tests))
-	}
+	errs := []error{ValidateSpec(Spec{Tasks: r.Tasks, Tests: r.Tests})}
 	if g.ReadOnlyCacheSubPath != "" && !subPath.MatchString(g.ReadOnlyCacheSubPath) {
 		errs = append(errs, fmt.Errorf("gradle read-only cache %q: want a relative path of plain names", g.ReadOnlyCacheSubPath))
 	}

@@ -13,8 +13,11 @@ import (
 // writes one file per test class, build/test-results/<task>/TEST-*.xml;
 // ReportsDir). The counts are over every suite.
 type Results struct {
-	Suites                           []Suite `json:"suites"`
-	Tests, Failures, Errors, Skipped int     `json:"-"`
+	Tests    int     `json:"tests"`
+	Failures int     `json:"failures"`
+	Errors   int     `json:"errors"`
+	Skipped  int     `json:"skipped"`
+	Suites   []Suite `json:"suites"`
 
 	kept int // cases kept in Suites, at most MaxCases
 }

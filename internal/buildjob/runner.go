@@ -2,6 +2,8 @@ package buildjob
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -27,6 +29,11 @@ type Hooks struct {
 	// Line gets each line of the build's log, without its newline, cut at
 	// MaxLogLine bytes.
 	Line func(string)
+	// Detach, when closed, makes Run return at once with PhaseDetached and
+	// leave the build running (the worker is stopping: a build Job goes on,
+	// and the restarted worker follows it again). A local build cannot
+	// outlive its worker and ignores it.
+	Detach <-chan struct{}
 }
 
 // Report is a finished build as the agent and the browser see it.
@@ -101,3 +108,24 @@ func (h Hooks) line(s string) {
 }
 
 func since(t time.Time) int64 { return time.Since(t).Milliseconds() }
+
+// ValidateSpec checks that spec names at least one task, that each task is
+// a task name and the filter a class or method pattern: never an option.
+func ValidateSpec(spec Spec) error {
+	var errs []error
+	if len(spec.Tasks) == 0 {
+		errs = append(errs, errors.New("gradle: no task"))
+	}
+	if len(spec.Tasks) > 16 {
+		errs = append(errs, fmt.Errorf("gradle: %d tasks, at most 16", len(spec.Tasks)))
+	}
+	for _, t := range spec.Tasks {
+		if !gradleTask.MatchString(t) {
+			errs = append(errs, fmt.Errorf("gradle task %q: want a task name", t))
+		}
+	}
+	if spec.Tests != "" && !gradleFilter.MatchString(spec.Tests) {
+		errs = append(errs, fmt.Errorf("gradle test filter %q: want a class or method pattern", spec.Tests))
+	}
+	return errors.Join(errs...)
+}

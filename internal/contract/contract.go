@@ -212,6 +212,12 @@ const (
 	// EventLimitReached: the conversation's agent hit one of its limits
 	// (memory, processes, disk); the worker and other conversations go on.
 	EventLimitReached EventType = "limit_reached"
+	// EventBuildStarted, EventBuildProgress and EventBuildCompleted follow
+	// a build the agent started with its build tool (talkide-build): a
+	// Kubernetes Job or, on one machine, a contained local process.
+	EventBuildStarted   EventType = "build_started"
+	EventBuildProgress  EventType = "build_progress"
+	EventBuildCompleted EventType = "build_completed"
 )
 
 // Event is one entry of a conversation's event stream. On the wire it is one
@@ -436,6 +442,92 @@ type LimitReached struct {
 	Used int64 `json:"used"`
 	// Message says what happened and what the user can do.
 	Message string `json:"message"`
+}
+
+// BuildStarted: the agent's build tool started a build (it may wait in
+// the queue first: see BuildProgress).
+type BuildStarted struct {
+	// BuildID is the build's id within the conversation: the tool_use_id of
+	// the call that started it, when the CLI names it.
+	BuildID string `json:"build_id"`
+	// Runner is "kubernetes" (a Job in the tenant-env's namespace) or
+	// "local" (a contained process on the worker's machine).
+	Runner string   `json:"runner"`
+	Tasks  []string `json:"tasks"`
+	Tests  string   `json:"tests,omitempty"`
+}
+
+// Build states of BuildProgress.
+const (
+	BuildQueued  = "queued"
+	BuildRunning = "running"
+)
+
+// BuildProgress: a build's state changed, or it logged lines. Lines are
+// batched (at most MaxBuildLinesPerEvent per event, at most about one
+// event a second); a build's events carry at most MaxBuildLogLines lines
+// in all, after which Truncated is set once and the rest is only in the
+// log tail of BuildCompleted.
+type BuildProgress struct {
+	BuildID string `json:"build_id"`
+	// State is "queued" or "running"; empty when only lines came.
+	State string `json:"state,omitempty"`
+	// QueuePlace is the place in the tenant-env's build queue (1: next)
+	// while queued.
+	QueuePlace int `json:"queue_place,omitempty"`
+	// PodPhase is the build pod's phase (Kubernetes only).
+	PodPhase  string   `json:"pod_phase,omitempty"`
+	Lines     []string `json:"lines,omitempty"`
+	Truncated bool     `json:"truncated,omitempty"`
+	// Resumed is set when a restarted worker follows the build again (the
+	// build_completed that follows carries Recovered).
+	Resumed bool `json:"resumed,omitempty"`
+}
+
+// Bounds of the log lines build events carry.
+const (
+	MaxBuildLinesPerEvent = 200
+	MaxBuildLogLines      = 5000
+)
+
+// BuildCompleted: a build ended. Phase is "succeeded", "failed" or
+// "cancelled"; Reason is one CamelCase word (ExitCode, DeadlineExceeded,
+// Unschedulable, ImagePullBackOff, Cancelled, WorkerRestarted, …).
+type BuildCompleted struct {
+	BuildID string `json:"build_id"`
+	Runner  string `json:"runner"`
+	Phase   string `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// ExitCode is the build command's exit status, -1 when not known.
+	ExitCode int `json:"exit_code"`
+	// Tests, Failures, Errors and Skipped count the test cases of the
+	// JUnit reports the build wrote.
+	Tests    int `json:"tests"`
+	Failures int `json:"failures"`
+	Errors   int `json:"errors"`
+	Skipped  int `json:"skipped"`
+	// Failed are the failed and erroneous test cases (at most 50).
+	Failed []BuildTestFailure `json:"failed,omitempty"`
+	// LogTail is the last lines of the build's log (at most 40).
+	LogTail []string `json:"log_tail,omitempty"`
+	// DurationMS is the build's wall time in milliseconds, queue included.
+	DurationMS int64 `json:"duration_ms"`
+	// Recovered is set when the result was delivered by a worker that
+	// restarted while the build ran (the tool call that started it had
+	// ended with the old worker).
+	Recovered bool `json:"recovered,omitempty"`
+}
+
+// BuildTestFailure is one failed test case of a build.
+type BuildTestFailure struct {
+	Class   string `json:"class"`
+	Name    string `json:"name"`
+	Status  string `json:"status"` // "failed" (an assertion) or "error" (it threw)
+	Type    string `json:"type,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Detail is the start of the stack trace (at most 8 KiB).
+	Detail string `json:"detail,omitempty"`
 }
 
 // MCPServerRefused: an MCP server declared by the project's .mcp.json was

@@ -11,6 +11,10 @@ import (
 // create_issue).
 const IssueToolName = "mcp__talkide-issue-tracking__create_issue"
 
+// BuildToolName is the MCP tool that [DemoResponder] calls for "run the
+// tests" prompts (server talkide-build, tool run_build).
+const BuildToolName = "mcp__talkide-build__run_build"
+
 // maxQuoted is how many characters of a tool result DemoResponder quotes.
 const maxQuoted = 8000
 
@@ -29,6 +33,9 @@ const maxQuoted = 8000
 //     does not start with <system-reminder>) starts with "file an issue:"
 //     (any case) and the request offers tools: a tool_use of
 //     [IssueToolName] with input {"title": <the rest, trimmed>}.
+//     Likewise a text that starts with "run the tests" (any case): the
+//     text "I'll run the tests." and a tool_use of [BuildToolName] with
+//     input {"tasks": ["test"]}.
 //  4. That text says "subagent" or "sub-agent" (any case), holds a
 //     non-empty span between single backticks, the request offers the
 //     CLI's sub-agent tool ([SubagentToolName], or "Task") and is not
@@ -93,6 +100,9 @@ func (DemoResponder) Respond(req *Request) Response {
 		// MCP tools are deferred (not listed in tools[]) yet callable by
 		// name, so only an empty tools list rules this out.
 		return Response{Content: []ContentBlock{ToolUse(IssueToolName, map[string]string{"title": strings.TrimSpace(rest)})}}
+	}
+	if _, ok := cutPrefixFold(text, "run the tests"); ok && len(req.Tools) > 0 {
+		return Response{Content: []ContentBlock{Text("I'll run the tests."), ToolUse(BuildToolName, map[string]any{"tasks": []string{"test"}})}}
 	}
 	if cmd := backtickCommand(text); cmd != "" && mentionsSubagent(text) && !IsSubagentRequest(req) {
 		for _, tool := range []string{SubagentToolName, "Task"} {

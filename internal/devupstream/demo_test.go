@@ -235,6 +235,19 @@ func TestDemoResponder(t *testing.T) {
 			want:  echo("file an issue: x"),
 		},
 		{
+			name:  "run the tests",
+			tools: cliTools,
+			msgs:  []string{`{"role":"user","content":"Run the tests, please"}`, envMsg},
+			want: Response{Content: []ContentBlock{Text("I'll run the tests."),
+				ToolUse(BuildToolName, map[string]any{"tasks": []string{"test"}})}},
+		},
+		{
+			name:  "run the tests needs tools",
+			tools: nil,
+			msgs:  []string{`{"role":"user","content":"run the tests"}`},
+			want:  echo("run the tests"),
+		},
+		{
 			name:  "echo",
 			tools: cliTools,
 			msgs:  []string{`{"role":"user","content":[{"type":"text","text":"<system-reminder>ctx</system-reminder>"},{"type":"text","text":"  hello there  "}]}`, envMsg},

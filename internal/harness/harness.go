@@ -564,6 +564,22 @@ func (h *Harness) Interrupt(conv string) (bool, error) {
 	return ok, err
 }
 
+// Emit appends an event of type t with payload to conv's event log as its
+// owner, outside any turn: what a build the conversation waited for
+// reports after a worker restart. It loads the conversation (taking its
+// lease) when no replica holds it. Errors: ErrNotFound (no such
+// conversation, or deleted), *NotOwnerError (another replica owns it: it
+// delivers instead), ErrUnavailable.
+func (h *Harness) Emit(conv string, t contract.EventType, payload any) error {
+	return h.with(conv, "", "", false, func(s *session) error {
+		if !s.ownedLocked() {
+			return fmt.Errorf("%w: the conversation's lease was lost", ErrUnavailable)
+		}
+		s.emitLocked(t, payload)
+		return nil
+	})
+}
+
 // Stop stops conv's CLI process (the running turn fails as interrupted,
 // queued messages are dropped). The next message resumes the session.
 func (h *Harness) Stop(conv string) (contract.SessionStatus, error) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/google/uuid"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/streamjson"
 )
 
@@ -57,6 +59,14 @@ type MCPConversation struct {
 	// too large). Report it with a fixed message: its category is logged by
 	// the harness, and nothing of the file may be shown.
 	ProjectConfigRefused bool
+	// AgentUser is the account the agent runs as (and owns WorkDir); nil:
+	// the worker's own.
+	AgentUser *sandbox.User
+	// Emit appends an event to the conversation's event log (stored, then
+	// streamed), as the harness's own events are. Safe to call from any
+	// goroutine while the process lives; events after the conversation was
+	// unloaded or deleted are dropped with a log line.
+	Emit func(t contract.EventType, payload any)
 }
 
 // MCPSetup is the MCP configuration of one CLI process.
@@ -78,7 +88,9 @@ type MCPSetup struct {
 // process.
 type MCPHandler interface {
 	// HandleMCP handles one JSON-RPC message and returns the JSON-RPC
-	// response, or nil for a notification. ctx ends when the process does.
+	// response, or nil for a notification. ctx ends when the process does,
+	// and when the turn is interrupted (a long tool call, such as a build,
+	// stops with it).
 	HandleMCP(ctx context.Context, msg json.RawMessage) (json.RawMessage, error)
 }
 
@@ -93,6 +105,43 @@ type mcpProcess struct {
 	initID string
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	mu sync.Mutex
+	// calls cancels the hosted calls in flight, by control request id;
+	// guarded by mu.
+	calls map[string]context.CancelFunc
+}
+
+// begin registers a hosted call and returns its context; end it with done.
+func (m *mcpProcess) begin(id string) context.Context {
+	ctx, cancel := context.WithCancel(m.ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.calls == nil {
+		m.calls = map[string]context.CancelFunc{}
+	}
+	m.calls[id] = cancel
+	return ctx
+}
+
+func (m *mcpProcess) done(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.calls[id]; c != nil {
+		c()
+		delete(m.calls, id)
+	}
+}
+
+// cancelCalls ends the contexts of the hosted calls in flight (the turn
+// was interrupted).
+func (m *mcpProcess) cancelCalls() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, c := range m.calls {
+		c()
+		delete(m.calls, id)
+	}
 }
 
 // mcpLocked asks the provider for the MCP setup of a new process and
@@ -108,7 +157,12 @@ func (s *session) mcpLocked() (*mcpProcess, error) {
 	}
 	f := s.filesLocked()
 	setup, err := s.h.cfg.MCP.MCPServers(MCPConversation{ConversationID: s.conv, UserID: s.meta.UserID, WorkDir: s.workDir,
-		ProjectConfig: f.mcpDoc, ProjectConfigRefused: f.mcpErr != nil})
+		ProjectConfig: f.mcpDoc, ProjectConfigRefused: f.mcpErr != nil, AgentUser: s.agentUser(),
+		Emit: func(t contract.EventType, payload any) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.emitLocked(t, payload)
+		}})
 	if err != nil {
 		return nil, fmt.Errorf("set up MCP servers: %w", err)
 	}
@@ -175,8 +229,10 @@ func (s *session) mcpControlLocked(p *process, m *streamjson.ControlRequest) boo
 		p.send(streamjson.ControlError(m.RequestID, "no MCP server "+req.ServerName+" is hosted here"))
 		return true
 	}
-	ctx, id := p.mcp.ctx, m.RequestID
+	id := m.RequestID
+	ctx := p.mcp.begin(id)
 	s.h.procs.Go(func() {
+		defer p.mcp.done(id)
 		resp, err := h.HandleMCP(ctx, req.Message)
 		switch {
 		case err != nil:

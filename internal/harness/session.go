@@ -488,6 +488,10 @@ func (s *session) interruptLocked() bool {
 	}
 	p := s.proc
 	p.send(streamjson.ControlRequestLine("interrupt-"+uuid.NewString(), "interrupt", nil))
+	if p.mcp != nil {
+		// A hosted tool call in flight (a build) stops with the turn.
+		p.mcp.cancelCalls()
+	}
 	p.armInterruptTimer(s.h.cfg.InterruptTimeout, func() {
 		s.mu.Lock()
 		still := s.proc == p && s.meta.Turn != nil

@@ -6,9 +6,8 @@
 // mcp__talkide-issue-tracking__<tool>).
 //
 // The server runs inside the worker and is reached over the CLI's control
-// protocol (see harness/mcp.go): Handler adapts one MCP server session to
-// the harness's one-message-at-a-time interface with an in-process
-// transport, so no port or secret exists.
+// protocol (see harness/mcp.go), through package mcphost: no port or
+// secret exists.
 //
 // Writes go through the worker's outbox like every report: stored durably
 // first, then delivered with an idempotency key. A tool waits a little for
@@ -16,8 +15,8 @@
 // result says the write is queued and will be delivered later. Reads ask the
 // control plane directly and fail with a clear message while it is down.
 //
-// Main types: Server (the tools over a Queue and a Reader) and Handler. It
-// does not talk HTTP itself (package reportclient does).
+// Main type: Server (the tools over a Queue and a Reader). It does not
+// talk HTTP itself (package reportclient does).
 package issuemcp
 
 import (
@@ -27,14 +26,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/mcphost"
 	"github.com/talkide/talkide/internal/outbox"
 	"github.com/talkide/talkide/internal/reportclient"
 )
@@ -290,128 +288,8 @@ func (s *session) get(ctx context.Context, _ *mcp.CallToolRequest, in getInput) 
 	return text("%s", strings.TrimRight(b.String(), "\n")), nil, nil
 }
 
-// Handler serves one MCP session of the server for one CLI process over
-// the harness's message interface (harness.MCPHandler).
-type Handler struct {
-	conn    *conn
-	session *mcp.ServerSession
-}
-
 // Open starts an MCP server session for conversation conv. Close it when
 // the CLI process ends.
-func (s *Server) Open(conv string) (*Handler, error) {
-	c := &conn{in: make(chan jsonrpc.Message, 16), waiting: map[jsonrpc.ID]chan *jsonrpc.Response{}, closed: make(chan struct{})}
-	ss, err := s.mcpServer(conv).Connect(context.Background(), transport{c}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("start %s MCP server: %w", ServerName, err)
-	}
-	return &Handler{conn: c, session: ss}, nil
+func (s *Server) Open(conv string) (*mcphost.Handler, error) {
+	return mcphost.Open(s.mcpServer(conv))
 }
-
-// Close ends the session.
-func (h *Handler) Close() { h.session.Close() }
-
-// HandleMCP implements harness.MCPHandler: it feeds one JSON-RPC message to
-// the session and returns the response of a request (nil for a
-// notification).
-func (h *Handler) HandleMCP(ctx context.Context, raw json.RawMessage) (json.RawMessage, error) {
-	msg, err := jsonrpc.DecodeMessage(raw)
-	if err != nil {
-		return nil, fmt.Errorf("decode MCP message: %w", err)
-	}
-	req, ok := msg.(*jsonrpc.Request)
-	if !ok {
-		return nil, nil // a response to a request the server never sends
-	}
-	var ch chan *jsonrpc.Response
-	if req.IsCall() {
-		ch = make(chan *jsonrpc.Response, 1)
-		h.conn.mu.Lock()
-		h.conn.waiting[req.ID] = ch
-		h.conn.mu.Unlock()
-		defer func() {
-			h.conn.mu.Lock()
-			delete(h.conn.waiting, req.ID)
-			h.conn.mu.Unlock()
-		}()
-	}
-	select {
-	case h.conn.in <- req:
-	case <-h.conn.closed:
-		return nil, errors.New("MCP session closed")
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	if ch == nil {
-		return nil, nil
-	}
-	select {
-	case resp := <-ch:
-		return jsonrpc.EncodeMessage(resp)
-	case <-h.conn.closed:
-		return nil, errors.New("MCP session closed")
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// transport hands the SDK a connection whose messages come from the CLI's
-// control requests.
-type transport struct{ c *conn }
-
-func (t transport) Connect(context.Context) (mcp.Connection, error) { return t.c, nil }
-
-// conn is an mcp.Connection fed by Handler.HandleMCP.
-type conn struct {
-	in chan jsonrpc.Message
-
-	mu sync.Mutex
-	// waiting maps a request id to the channel of its response; guarded by mu.
-	waiting map[jsonrpc.ID]chan *jsonrpc.Response
-	// closed is closed by Close; isClosed guards it; guarded by mu.
-	closed   chan struct{}
-	isClosed bool
-}
-
-func (c *conn) Read(ctx context.Context) (jsonrpc.Message, error) {
-	select {
-	case m := <-c.in:
-		return m, nil
-	case <-c.closed:
-		return nil, mcp.ErrConnectionClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// Write delivers a response to its waiting HandleMCP call. Requests and
-// notifications the server starts (none of this server's tools do) have
-// no way to the CLI and are dropped.
-func (c *conn) Write(_ context.Context, m jsonrpc.Message) error {
-	resp, ok := m.(*jsonrpc.Response)
-	if !ok {
-		return nil
-	}
-	c.mu.Lock()
-	ch := c.waiting[resp.ID]
-	c.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- resp:
-		default:
-		}
-	}
-	return nil
-}
-
-func (c *conn) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.isClosed {
-		c.isClosed = true
-		close(c.closed)
-	}
-	return nil
-}
-
-func (c *conn) SessionID() string { return "" }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/mcphost"
 	"github.com/talkide/talkide/internal/outbox"
 	"github.com/talkide/talkide/internal/reportclient"
 )
@@ -83,7 +84,7 @@ func (r fakeReader) GetIssue(_ context.Context, conv string, n int64) (contract.
 // cli drives a Handler as Claude Code does over mcp_message requests.
 type cli struct {
 	t  *testing.T
-	h  *Handler
+	h  *mcphost.Handler
 	id int
 }
 

@@ -41,5 +41,8 @@ func (s *Store) RemoveState(conv string) error {
 	if err := s.unmarkWaiting(conv); err != nil {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
 	}
+	if err := s.removeBuildsOf(conv); err != nil {
+		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
 	return nil
 }

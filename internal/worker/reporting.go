@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
@@ -54,7 +55,7 @@ type reporting struct {
 // is reported and only project MCP servers are offered.
 func newReporting(c Config, mc *gatewayproxy.MintClient, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
 	policy := c.MCPPolicy
-	policy.Reserved = append(policy.Reserved, issuemcp.ServerName)
+	policy.Reserved = append(policy.Reserved, issuemcp.ServerName, buildmcp.ServerName)
 	r := &reporting{store: store, log: log, mcp: &mcpProvider{policy: policy, log: log},
 		cursorDir: filepath.Join(c.SessionDir, "talkide", "outbox-cursors")}
 	if mc == nil {
@@ -103,9 +104,11 @@ func (r *reporting) start(ctx context.Context, h *harness.Harness) (stop func())
 var _ reportfeed.Logs = (*harness.Harness)(nil)
 
 // mcpProvider gives each CLI process the talkide-issue-tracking server (when
-// reporting runs) and the project's .mcp.json servers the policy allows.
+// reporting runs), the talkide-build server (when set) and the project's
+// .mcp.json servers the policy allows.
 type mcpProvider struct {
 	issues *issuemcp.Server
+	builds *buildmcp.Server
 	policy mcppolicy.Policy
 	log    *slog.Logger
 }
@@ -123,13 +126,29 @@ func (p *mcpProvider) MCPServers(c harness.MCPConversation) (harness.MCPSetup, e
 	case c.ProjectConfig != nil:
 		setup.Config, setup.Refused = p.policy.Filter(c.ProjectConfig)
 	}
+	setup.Hosted = map[string]harness.MCPHandler{}
+	var closers []func()
+	setup.Close = func() {
+		for _, c := range closers {
+			c()
+		}
+	}
 	if p.issues != nil {
 		h, err := p.issues.Open(c.ConversationID)
 		if err != nil {
 			return harness.MCPSetup{}, err
 		}
-		setup.Hosted = map[string]harness.MCPHandler{issuemcp.ServerName: h}
-		setup.Close = h.Close
+		setup.Hosted[issuemcp.ServerName] = h
+		closers = append(closers, h.Close)
+	}
+	if p.builds != nil {
+		h, err := p.builds.Open(buildmcp.Conversation{ID: c.ConversationID, UID: agentUID(c.AgentUser), Emit: c.Emit})
+		if err != nil {
+			setup.Close()
+			return harness.MCPSetup{}, err
+		}
+		setup.Hosted[buildmcp.ServerName] = h
+		closers = append(closers, h.Close)
 	}
 	return setup, nil
 }

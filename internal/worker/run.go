@@ -162,7 +162,9 @@ type Config struct {
 	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
 	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
 	CLITmpDir string
-	Logger    *slog.Logger
+	// Builds configures the agent's build tool (talkide-build).
+	Builds BuildConfig
+	Logger *slog.Logger
 }
 
 // Validate applies defaults and checks c, returning an error that tells the
@@ -235,6 +237,14 @@ func (c *Config) Validate() error {
 	}
 	if err := c.validateContainment(); err != nil {
 		errs = append(errs, err)
+	}
+	switch c.Builds.Mode {
+	case "", BuildsKubernetes, BuildsLocal, BuildsOff:
+	default:
+		errs = append(errs, fmt.Errorf("TALKIDE_BUILDS %q: want kubernetes, local or off", c.Builds.Mode))
+	}
+	if c.Builds.Mode == BuildsKubernetes && c.Builds.Image == "" {
+		errs = append(errs, errors.New("TALKIDE_BUILDS=kubernetes needs TALKIDE_BUILD_IMAGE, the Gradle builder image pinned by digest (make images builds talkide-builder-gradle)"))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -360,6 +370,19 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if jail != nil {
 		defer jail.Cgroups.Close()
 	}
+	bld, err := newBuilds(c, store, jail, func() (kubernetes.Interface, string, error) {
+		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
+		if err != nil {
+			return nil, "", err
+		}
+		cs, err := kubernetes.NewForConfig(rc)
+		return cs, ns, err
+	}, log)
+	if err != nil {
+		localLn.Close()
+		return err
+	}
+	rep.mcp.builds = bld.server
 	h, err = harness.New(harness.Config{
 		AgentUser:         agent,
 		AgentUIDs:         agentUIDs,
@@ -401,6 +424,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
 	api.identity = identity.Holder
 	api.limits = limits
+	api.builds = bld.server
 	api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
 
 	// Shutdown order: readiness turns false; the harness winds down (running
@@ -428,6 +452,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	} else if n > 0 {
 		log.Info("recovered conversations with waiting or interrupted work", "count", n)
 	}
+	wg.Go(func() { bld.run(serveCtx, h) })
 	log.Info("worker listening", "addr", ln.Addr().String(), "worker_id", identity.Holder, "advertise", identity.Address,
 		"leases", c.LeaseBackend, "claude_code", claudecli.PinnedVersion)
 	wg.Go(func() { errc <- httpapi.Serve(serveCtx, srv, ln, 5*time.Second) })
@@ -439,6 +464,8 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	api.notReady.Store(true)
 	log.Info("worker stopping")
+	// Build Jobs outlive the worker: the next one delivers their results.
+	bld.server.Detach()
 	stopHarness()
 	<-harnessDone
 	stopReporting() // after the harness: its last events are reported too

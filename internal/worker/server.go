@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
@@ -24,7 +25,9 @@ import (
 
 // Server serves the worker API (package contract, docs/worker-api.md).
 type Server struct {
-	h        *harness.Harness
+	h *harness.Harness
+	// builds, when set, has its builds of a deleted conversation cancelled.
+	builds   *buildmcp.Server
 	verifier *token.Verifier
 	replay   *token.ReplayCache
 	log      *slog.Logger
