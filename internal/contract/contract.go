@@ -110,6 +110,10 @@ type CreateSessionRequest struct {
 	// Model optionally selects the model (a Claude Code --model value);
 	// empty means the worker's default.
 	Model string `json:"model,omitempty"`
+	// Sample optionally names a sample project the new conversation's
+	// working tree starts from (e.g. "java-calculator"); ignored when the
+	// session exists already. An unknown name is 400 invalid_request.
+	Sample string `json:"sample,omitempty"`
 }
 
 // SessionState is the state of a conversation's session on the worker.

@@ -218,6 +218,8 @@ type createConversationRequest struct {
 	Tenant string `json:"tenant"`
 	Env    string `json:"env"`
 	Model  string `json:"model,omitempty"`
+	// Sample names a sample project to start the working tree from.
+	Sample string `json:"sample,omitempty"`
 }
 
 type conversationResponse struct {
@@ -244,6 +246,9 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 	if !validName(req.Tenant) || !validName(req.Env) {
 		return httpapi.BadRequest("tenant and env must be 1-30 characters of [a-z0-9-]")
 	}
+	if req.Sample != "" && !validName(req.Sample) {
+		return httpapi.BadRequest("sample must name a sample project, 1-30 characters of [a-z0-9-]")
+	}
 	ok, err := s.db.HasGrant(r.Context(), u.ID, req.Tenant, req.Env)
 	if err != nil {
 		return err
@@ -264,7 +269,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 		return s.notCreatedOnWorker(c, nil, err)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model})
+	st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model, Sample: req.Sample})
 	cancel()
 	if err != nil {
 		return s.notCreatedOnWorker(c, wc, err)

@@ -60,6 +60,8 @@ type Meta struct {
 	// Process describes the live CLI process, so a successor can clean up
 	// after a crash; nil when none runs.
 	Process *ProcessInfo `json:"process,omitempty"`
+	// Sample is the sample project the working tree started from, if any.
+	Sample string `json:"sample,omitempty"`
 	// CLITotalCostUSD is the CLI's cumulative session cost at the last result
 	// line (the CLI's own figure, used to derive per-turn cost).
 	CLITotalCostUSD float64 `json:"cli_total_cost_usd,omitempty"`
