@@ -29,6 +29,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"strings"
 	"time"
@@ -128,6 +129,10 @@ type Base struct {
 	// admission policy refuses such Jobs, and so does Validate, earlier.
 	NodeSelector map[string]string
 	Tolerations  []corev1.Toleration
+	// Labels are further labels of every build Job and its pod (cost
+	// allocation, a cluster's policies); the platform's own labels win over
+	// any of the same key.
+	Labels map[string]string
 }
 
 var digestPinned = regexp.MustCompile(`^[a-z0-9][-a-z0-9._/:]*@sha256:[0-9a-f]{64}$`)
@@ -169,11 +174,13 @@ func (b *Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Vo
 	if err := errors.Join(b.Validate(), req.validate()); err != nil {
 		return nil, err
 	}
-	labels := map[string]string{
+	labels := map[string]string{}
+	maps.Copy(labels, b.Labels)
+	maps.Copy(labels, map[string]string{
 		provision.LabelManagedBy: "talkide-worker", provision.LabelPartOf: provision.PartOf, LabelComponent: ComponentBuild,
 		provision.LabelTenant: req.Tenant, provision.LabelEnv: req.Env,
 		LabelConversation: req.Conversation, LabelBuild: req.ID, LabelKind: string(kind),
-	}
+	})
 	c.Image = b.Image
 	c.ImagePullPolicy = corev1.PullIfNotPresent
 	c.Resources = b.Resources

@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -397,3 +400,116 @@ func TestReconcileAfterRestart(t *testing.T) {
 		t.Fatalf("the kept build followed again: %+v %v adopted %v", out, err, adopted)
 	}
 }
+
+// KubeRunner, with the worker's own credentials: the build's Job runs to
+// completion, its log streams line by line into the hooks, its exit code
+// is the container's, and its results are the JUnit report it left in the
+// conversation's working tree on the session volume (the worker's view).
+func TestKubeRunnerReportsAFinishedBuild(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	req := request(tenant, "dev")
+	req.ID = "toolu_kuberunner"
+	ws := t.TempDir()
+	dir := filepath.Join(ws, req.Conversation, buildjob.ReportsDir, "test")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile("testdata/TEST-com.acme.CalculatorTest.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the build wrote, as the agent's uid the Job runs as (kwok runs
+	// no container, so the test plays the build's file).
+	p := filepath.Join(dir, "TEST-com.acme.CalculatorTest.xml")
+	if err := os.WriteFile(p, report, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, int(req.RunAsUser), int(req.RunAsUser)); err != nil {
+		t.Fatal(err)
+	}
+	r := &buildjob.KubeRunner{Dispatcher: &buildjob.Dispatcher{Kube: worker, Namespace: ns}, Gradle: &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}},
+		WorkspaceRoot: ws, Offline: true}
+	var mu sync.Mutex
+	var lines []string
+	var progress []buildjob.Progress
+	rep, err := r.Run(context.Background(), req, buildjob.Spec{Tasks: []string{"test"}}, buildjob.Hooks{
+		Progress: func(p buildjob.Progress) { mu.Lock(); progress = append(progress, p); mu.Unlock() },
+		Line:     func(l string) { mu.Lock(); lines = append(lines, l); mu.Unlock() },
+	})
+	if err != nil || rep.Outcome.Phase != buildjob.PhaseSucceeded || rep.Runner != buildjob.RunnerKubernetes || rep.ExitCode != 0 {
+		t.Fatalf("report %+v %v", rep, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 || lines[0] != kubetest.FakeLogLine || len(rep.LogTail) != 1 {
+		t.Errorf("log lines %q, tail %q; want the container's line", lines, rep.LogTail)
+	}
+	if len(progress) == 0 || !progress[0].Started {
+		t.Errorf("progress %+v", progress)
+	}
+	f := rep.Results.Failed()
+	if rep.Results.Tests != 4 || len(f) != 2 || f[0].Name != "divides" || f[0].Message != "expected:<4> but was:<5>" {
+		t.Errorf("results %+v", rep.Results)
+	}
+}
+
+// A build whose command fails ends failed with the container's exit code
+// and the Job's reason, and its results are still read.
+func TestKubeRunnerReportsAFailedBuild(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	req := request(tenant, "dev")
+	req.ID = "toolu_fails"
+	r := &buildjob.KubeRunner{Dispatcher: &buildjob.Dispatcher{Kube: worker, Namespace: ns},
+		Gradle: &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Labels: map[string]string{kubetest.ExitLabel: "1"}}}, WorkspaceRoot: t.TempDir()}
+	rep, err := r.Run(context.Background(), req, buildjob.Spec{Tasks: []string{"test"}}, buildjob.Hooks{})
+	if err != nil || rep.Outcome.Phase != buildjob.PhaseFailed || rep.ExitCode != 1 || rep.Outcome.Reason == "" {
+		t.Fatalf("report %+v %v; want failed with exit code 1 and the Job's reason", rep, err)
+	}
+}
+
+// An interrupted turn deletes its running build: the Job and its pod are
+// gone when Run returns cancelled.
+func TestInterruptDeletesARunningJob(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	req := request(tenant, "dev")
+	req.ID = "toolu_interrupted"
+	r := &buildjob.KubeRunner{Dispatcher: &buildjob.Dispatcher{Kube: worker, Namespace: ns},
+		Gradle: &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Labels: map[string]string{kubetest.HoldLabel: "1"}}}, WorkspaceRoot: t.TempDir()}
+	ctx, interrupt := context.WithCancel(context.Background())
+	running := make(chan struct{})
+	var once sync.Once
+	done := make(chan buildjob.Report, 1)
+	go func() {
+		rep, err := r.Run(ctx, req, buildjob.Spec{Tasks: []string{"test"}}, buildjob.Hooks{Progress: func(p buildjob.Progress) {
+			if p.PodPhase == string(corev1.PodRunning) {
+				once.Do(func() { close(running) })
+			}
+		}})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- rep
+	}()
+	select {
+	case <-running:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the build's pod never ran")
+	}
+	name := buildjob.JobName(buildjob.KindGradle, req.Conversation, req.ID)
+	if j, err := worker.BatchV1().Jobs(ns).Get(context.Background(), name, metav1.GetOptions{}); err != nil || finished(j) {
+		t.Fatalf("the running build's Job: %v %v", j.Status, err)
+	}
+	interrupt()
+	rep := <-done
+	if rep.Outcome.Phase != buildjob.PhaseCancelled || rep.ExitCode != -1 {
+		t.Fatalf("report %+v; want cancelled", rep)
+	}
+	if _, err := worker.BatchV1().Jobs(ns).Get(context.Background(), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the interrupted build's Job: %v; want it deleted", err)
+	}
+	if pods, _ := worker.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + name}); len(pods.Items) != 0 {
+		t.Errorf("the interrupted build's pod is still there: %s", pods.Items[0].Name)
+	}
+}
+
+func finished(j *batchv1.Job) bool { return done(j, batchv1.JobComplete) || done(j, batchv1.JobFailed) }

@@ -351,15 +351,87 @@ spec:
 		if err != nil {
 			return "", fmt.Errorf("kubetest: kwok stage: %w", err)
 		}
+		if s == "pod/fast/pod-complete.yaml" {
+			// A Job's pod labelled HoldLabel stays Running; one labelled
+			// ExitLabel fails (failStage) instead of succeeding.
+			y, err = holdable(y)
+			if err != nil {
+				return "", err
+			}
+		}
 		b.WriteString("---\n")
 		b.Write(y)
 		if !strings.HasSuffix(string(y), "\n") {
 			b.WriteString("\n")
 		}
 	}
+	b.WriteString("---\n" + failStage)
 	path := filepath.Join(c.dir, "kwok.yaml")
 	return path, os.WriteFile(path, []byte(b.String()), 0o600)
 }
+
+// Labels a test puts on a Job's pod template to stage what its container
+// does on a fake node: HoldLabel keeps it running (until the pod is
+// deleted), ExitLabel makes it exit with status 1 (the pod Failed).
+const (
+	HoldLabel = "kubetest-hold"
+	ExitLabel = "kubetest-exit"
+)
+
+// holdable adds to kwok's pod-complete Stage that it takes no pod labelled
+// HoldLabel or ExitLabel.
+func holdable(stage []byte) ([]byte, error) {
+	const anchor = "    matchExpressions:\n"
+	s := string(stage)
+	if !strings.Contains(s, anchor) {
+		return nil, errors.New("kubetest: kwok's pod-complete stage has no matchExpressions to extend")
+	}
+	extra := ""
+	for _, l := range []string{HoldLabel, ExitLabel} {
+		extra += "    - key: '.metadata.labels[\"" + l + "\"]'\n      operator: 'DoesNotExist'\n"
+	}
+	return []byte(strings.Replace(s, anchor, anchor+extra, 1)), nil
+}
+
+// failStage ends a running Job pod labelled ExitLabel: its containers
+// exit with status 1 and the pod fails.
+const failStage = `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kubetest-pod-fail
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.metadata.labels["` + ExitLabel + `"]'
+      operator: 'Exists'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range $index, $item := .spec.containers }}
+      - image: {{ $item.image | Quote }}
+        name: {{ $item.name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 1
+            finishedAt: {{ $now | Quote }}
+            reason: Error
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Failed
+`
 
 // FakeLogLine is what every container on a fake node has logged.
 const FakeLogLine = "kubetest: fake container output"
