@@ -1107,7 +1107,7 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 		"AnyEvent":            events,
 	}
 	worker := maps.Clone(common)
-	worker["CreateSessionRequest"] = []any{contract.CreateSessionRequest{UserID: "u1"}, contract.CreateSessionRequest{UserID: "u1", Model: "opus"}}
+	worker["CreateSessionRequest"] = []any{contract.CreateSessionRequest{UserID: "u1"}, contract.CreateSessionRequest{UserID: "u1", Model: "opus"}, contract.CreateSessionRequest{UserID: "u1", Sample: "java-calculator"}}
 	worker["SendMessageRequest"] = []any{contract.SendMessageRequest{ClientMessageID: "m1", UserID: "u1", Text: "hi"}}
 	worker["MintRequest"] = []any{contract.MintRequest{ConversationID: "c1"}}
 	worker["SessionDeleted"] = []any{contract.SessionDeleted{ConversationID: "c1", AgentUIDReleased: true}}
