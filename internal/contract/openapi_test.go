@@ -82,6 +82,9 @@ var eventTypes = []struct {
 	{"EventTurnQueued", contract.EventTurnQueued, contract.TurnQueued{}},
 	{"EventPermissionRequested", contract.EventPermissionRequested, contract.PermissionRequested{}},
 	{"EventPermissionResolved", contract.EventPermissionResolved, contract.PermissionResolved{}},
+	{"EventBuildStarted", contract.EventBuildStarted, contract.BuildStarted{}},
+	{"EventBuildProgress", contract.EventBuildProgress, contract.BuildProgress{}},
+	{"EventBuildCompleted", contract.EventBuildCompleted, contract.BuildCompleted{}},
 }
 
 // sessionStates, errorTypes and failReasons list the other documented
@@ -154,6 +157,7 @@ var workerSchemas = []mirrored{
 	{"ErrorBody", contract.ErrorBody{}, answer},
 	{"ErrorDetail", contract.ErrorDetail{}, answer},
 	{"Usage", contract.Usage{}, answer},
+	{"BuildTestFailure", contract.BuildTestFailure{}, answer},
 	{"MintRequest", contract.MintRequest{}, request},
 	{"MintResponse", contract.MintResponse{}, answer},
 	// The claims of every platform token; jwt.RegisteredClaims is embedded.
@@ -181,6 +185,7 @@ var browserSchemas = []mirrored{
 	{"ErrorBody", contract.ErrorBody{}, answer},
 	{"ErrorDetail", contract.ErrorDetail{}, answer},
 	{"Usage", contract.Usage{}, answer},
+	{"BuildTestFailure", contract.BuildTestFailure{}, answer},
 	{"Issue", contract.Issue{}, answer},
 	{"IssueCommentEntry", contract.IssueCommentEntry{}, answer},
 	{"IssueList", contract.IssueList{}, answer},
@@ -617,6 +622,60 @@ func TestConstantEnumsDocumented(t *testing.T) {
 			if got := enumOf(t, docName, doc, tc.schema); !slices.Equal(got, want) {
 				t.Errorf("%s: %s enum %v, want %v (%s constants)", docName, tc.schema, got, want, tc.what)
 			}
+		}
+	}
+}
+
+// buildStates lists the states of contract.BuildProgress, by constant name.
+var buildStates = map[string]string{
+	"BuildQueued":  contract.BuildQueued,
+	"BuildRunning": contract.BuildRunning,
+}
+
+// TestBuildConstantsDocumented checks the build states (the string
+// constants Build*) against BuildProgress.state, and the bounds of a build's
+// log lines against BuildProgress.lines and the prose.
+func TestBuildConstantsDocumented(t *testing.T) {
+	if src := sourceSet(contractConsts(t), func(n string, _ constInfo) bool { return strings.HasPrefix(n, "Build") }); !maps.Equal(src, buildStates) {
+		t.Fatalf("Build* string constants in package contract %v differ from this test's list %v: update the list and BuildProgress.state in the documents", src, buildStates)
+	}
+	want := slices.Sorted(maps.Values(buildStates))
+	perEvent := strconv.Itoa(contract.MaxBuildLinesPerEvent)
+	perBuild := strconv.Itoa(contract.MaxBuildLogLines)
+	for docName, p := range map[string]string{"openapi.yaml": workerDocPath, "browser-openapi.yaml": browserDocPath} {
+		s := schemaNamed(loadDoc(t, p), "BuildProgress")
+		if s == nil {
+			t.Errorf("%s: schema BuildProgress missing", docName)
+			continue
+		}
+		if st := s.Properties["state"]; st == nil || st.Value == nil {
+			t.Errorf("%s: BuildProgress.state missing", docName)
+		} else {
+			var got []string
+			for _, v := range st.Value.Enum {
+				str, _ := v.(string)
+				got = append(got, str)
+			}
+			if slices.Sort(got); !slices.Equal(got, want) {
+				t.Errorf("%s: BuildProgress.state enum %v, want %v", docName, got, want)
+			}
+		}
+		if l := s.Properties["lines"]; l == nil || l.Value == nil || l.Value.MaxItems == nil || *l.Value.MaxItems != uint64(contract.MaxBuildLinesPerEvent) {
+			t.Errorf("%s: BuildProgress.lines needs maxItems %s (MaxBuildLinesPerEvent)", docName, perEvent)
+		}
+		for _, w := range []string{"at most " + perEvent + " per event (MaxBuildLinesPerEvent)", "at most " + perBuild + " lines in all (MaxBuildLogLines)"} {
+			if !strings.Contains(s.Description, w) {
+				t.Errorf("%s: BuildProgress description does not say %q", docName, w)
+			}
+		}
+	}
+	md, err := os.ReadFile(workerMDPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"at most " + perEvent + " per event (`MaxBuildLinesPerEvent`)", "at most " + perBuild + " for a whole build (`MaxBuildLogLines`)"} {
+		if !strings.Contains(strings.Join(strings.Fields(string(md)), " "), w) {
+			t.Errorf("worker-api.md does not say %q", w)
 		}
 	}
 }
@@ -1080,6 +1139,11 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 		contract.EventPermissionRequested: contract.PermissionRequested{RequestID: "perm_1", ToolName: "Bash", ToolUseID: "toolu_1",
 			Input: json.RawMessage(`{"command":"echo hi > out.txt"}`), ExpiresAt: time.Unix(1_800_000_000, 0).UTC()},
 		contract.EventPermissionResolved: contract.PermissionResolved{RequestID: "perm_1", Behavior: "allow", Reason: "answered"},
+		contract.EventBuildStarted:       contract.BuildStarted{BuildID: "toolu_2", Runner: "kubernetes", Tasks: []string{"test"}, Tests: "*Calculator*"},
+		contract.EventBuildProgress:      contract.BuildProgress{BuildID: "toolu_2", State: contract.BuildQueued, QueuePlace: 2},
+		contract.EventBuildCompleted: contract.BuildCompleted{BuildID: "toolu_2", Runner: "kubernetes", Phase: "failed", Reason: "ExitCode", ExitCode: 1,
+			Tests: 12, Failures: 1, Skipped: 1, DurationMS: 41_000, LogTail: []string{"BUILD FAILED in 38s"},
+			Failed: []contract.BuildTestFailure{{Class: "com.acme.CalculatorTest", Name: "divides()", Status: "failed", Type: "org.opentest4j.AssertionFailedError", Message: "expected: <2> but was: <0>"}}},
 	}
 	if len(payloads) != len(eventTypes) {
 		t.Fatalf("payload samples for %d event types, want %d", len(payloads), len(eventTypes))
@@ -1097,6 +1161,21 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 	ev, _ := contract.NewEvent("c1", contract.EventTurnFailed, contract.TurnFailed{ClientMessageID: "m2", Reason: contract.FailInterrupted, Message: "stopped"})
 	ev.ID = 99
 	events = append(events, ev)
+	// Log lines of a running build; the end of a build a restarted worker
+	// followed again.
+	for i, p := range []struct {
+		t contract.EventType
+		p any
+	}{
+		{contract.EventBuildProgress, contract.BuildProgress{BuildID: "toolu_2", State: contract.BuildRunning, PodPhase: "Running", Lines: []string{"> Task :test"}}},
+		{contract.EventBuildProgress, contract.BuildProgress{BuildID: "toolu_2", Truncated: true}},
+		{contract.EventBuildProgress, contract.BuildProgress{BuildID: "toolu_2", State: contract.BuildRunning, Resumed: true}},
+		{contract.EventBuildCompleted, contract.BuildCompleted{BuildID: "toolu_2", Runner: "local", Phase: "failed", Reason: "WorkerRestarted", ExitCode: -1, Recovered: true}},
+	} {
+		ev, _ := contract.NewEvent("c1", p.t, p.p)
+		ev.ID = int64(100 + i)
+		events = append(events, ev)
+	}
 
 	status := contract.SessionStatus{ConversationID: "c1", UserID: "u1", State: contract.StateRunning, SessionID: "s", WorkDir: "/w", ProcessRunning: true, QueuedMessages: 1, LastEventID: 7}
 	common := map[string][]any{
@@ -1107,7 +1186,7 @@ func TestGoValuesValidateAgainstSchemas(t *testing.T) {
 		"AnyEvent":            events,
 	}
 	worker := maps.Clone(common)
-	worker["CreateSessionRequest"] = []any{contract.CreateSessionRequest{UserID: "u1"}, contract.CreateSessionRequest{UserID: "u1", Model: "opus"}}
+	worker["CreateSessionRequest"] = []any{contract.CreateSessionRequest{UserID: "u1"}, contract.CreateSessionRequest{UserID: "u1", Model: "opus"}, contract.CreateSessionRequest{UserID: "u1", Sample: "java-calculator"}}
 	worker["SendMessageRequest"] = []any{contract.SendMessageRequest{ClientMessageID: "m1", UserID: "u1", Text: "hi"}}
 	worker["MintRequest"] = []any{contract.MintRequest{ConversationID: "c1"}}
 	worker["SessionDeleted"] = []any{contract.SessionDeleted{ConversationID: "c1", AgentUIDReleased: true}}
