@@ -24,9 +24,10 @@ export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
 .PHONY: run test tools build vet fmt-check clean chaos
 
-## tools: install the pinned Claude Code CLI into .tools/ (git-ignored), and
-## bubblewrap, which jails each agent (Debian's package; as root via apt-get)
-tools: $(CLAUDE_STAMP) bwrap
+## tools: install the pinned Claude Code CLI into .tools/ (git-ignored),
+## bubblewrap, which jails each agent, and Gradle with JUnit 4, which the local
+## build runner runs (Debian's packages; as root via apt-get)
+tools: $(CLAUDE_STAMP) bwrap gradle
 
 .PHONY: bwrap
 bwrap:
@@ -36,6 +37,21 @@ bwrap:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 		else \
 			echo "bubblewrap (bwrap) is needed to contain agents: install it (Debian: sudo apt-get install bubblewrap)" >&2; exit 1; \
+		fi; }
+
+# Debian's gradle (4.4.1, on the distribution's OpenJDK) and junit4 (with
+# hamcrest): the local build runner's Gradle and the bundled sample project's
+# test libraries, offline (docs/builds.md). Without root, a missing one is
+# named and the rest goes on: the platform runs without builds, and the
+# local runner's tests fail saying the same.
+.PHONY: gradle
+gradle:
+	@command -v gradle >/dev/null && [ -r /usr/share/java/junit4.jar ] || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's gradle and junit4 (the local build runner; about 1 minute, 90 packages with a JDK already there)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq gradle junit4 >/dev/null; \
+		else \
+			echo "gradle and junit4 are needed for builds on this machine: install them (Debian: sudo apt-get install gradle junit4)" >&2; \
 		fi; }
 
 # The stamp's name holds the version, so a new version.txt misses it and

@@ -20,8 +20,11 @@
 // cancellation that deletes the Job with its pod; FollowLogs streams a
 // build's log with resume; Reconcile is the pass after a worker restart.
 // Results come from the build's JUnit files in the working tree
-// (ReadResults), not from logs. The worker's MCP build tool and its events,
-// and the local runner, are issue 14's next parts (see the closing notes).
+// (ReadResults), not from logs. LocalRunner runs the same builds, for the
+// one-machine platform, as processes on the worker's machine: as the
+// agent's user, in a jail like the agent's, offline, with Debian's Gradle
+// (local.go; docs/builds.md). The worker's MCP build tool and its events
+// are issue 14's next part (see the closing notes).
 package buildjob
 
 import (

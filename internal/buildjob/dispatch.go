@@ -65,10 +65,8 @@ type Dispatcher struct {
 	PendingTimeout time.Duration
 	Logger         *slog.Logger
 
-	once    sync.Once
-	mu      sync.Mutex
-	running int
-	waiters []chan struct{} // queued builds, in order; guarded by mu
+	once  sync.Once
+	slots queue // MaxConcurrent slots, set by init
 }
 
 func (d *Dispatcher) init() {
@@ -82,70 +80,8 @@ func (d *Dispatcher) init() {
 		if d.Logger == nil {
 			d.Logger = slog.Default()
 		}
+		d.slots.max = d.MaxConcurrent
 	})
-}
-
-// acquire waits for a slot, reporting the queue place as it changes.
-func (d *Dispatcher) acquire(ctx context.Context, progress func(Progress)) error {
-	d.mu.Lock()
-	if d.running < d.MaxConcurrent && len(d.waiters) == 0 {
-		d.running++
-		d.mu.Unlock()
-		return nil
-	}
-	ch := make(chan struct{})
-	d.waiters = append(d.waiters, ch)
-	place := len(d.waiters)
-	d.mu.Unlock()
-	progress(Progress{Queued: place})
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ch:
-			return nil // release handed its slot over
-		case <-ctx.Done():
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			for i, w := range d.waiters {
-				if w == ch {
-					d.waiters = append(d.waiters[:i], d.waiters[i+1:]...)
-					return ctx.Err()
-				}
-			}
-			// Handed a slot while cancelled: give it on.
-			d.releaseLocked()
-			return ctx.Err()
-		case <-tick.C:
-			d.mu.Lock()
-			for i, w := range d.waiters {
-				if w == ch && i+1 != place {
-					place = i + 1
-					d.mu.Unlock()
-					progress(Progress{Queued: place})
-					d.mu.Lock()
-					break
-				}
-			}
-			d.mu.Unlock()
-		}
-	}
-}
-
-func (d *Dispatcher) release() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.releaseLocked()
-}
-
-func (d *Dispatcher) releaseLocked() {
-	if len(d.waiters) > 0 {
-		ch := d.waiters[0]
-		d.waiters = d.waiters[1:]
-		close(ch) // the slot passes to the first waiter
-		return
-	}
-	d.running--
 }
 
 // Run runs job to its end and returns how it ended. It creates the Job or,
@@ -183,14 +119,14 @@ func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batch
 			}
 		}()
 	}
-	if err := d.acquire(acquireCtx, progress); err != nil {
+	if err := d.slots.acquire(acquireCtx, progress); err != nil {
 		if ctx.Err() == nil {
 			return detached()
 		}
 		out.Phase, out.Reason, out.Message = PhaseCancelled, "Cancelled", "cancelled while queued"
 		return out, nil
 	}
-	defer d.release()
+	defer d.slots.release()
 	jobs := d.Kube.BatchV1().Jobs(d.Namespace)
 	created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	adopted := false

@@ -43,7 +43,8 @@ type GradleRequest struct {
 
 var (
 	gradleTask = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_:-]{0,127}$`)
-	// A filter never starts with '-': it is an argument, not an option.
+	// A filter never starts with "-": it follows --tests as an argument
+	// of its own, and Gradle would read "--init-script" there as an option.
 	gradleFilter = regexp.MustCompile(`^[A-Za-z0-9_.$*#][A-Za-z0-9_.$*#-]{0,255}$`)
 	subPath      = regexp.MustCompile(`^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$`)
 )
@@ -55,19 +56,12 @@ const ReportsDir = "build/test-results"
 // Job returns the Job of r. Tasks and the test filter are plain names:
 // never options, so a request cannot add an init script or a property.
 func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
-	errs := []error{ValidateSpec(Spec{Tasks: r.Tasks, Tests: r.Tests})}
+	args, err := Spec{Tasks: r.Tasks, Tests: r.Tests}.gradleArgs(r.Offline)
 	if g.ReadOnlyCacheSubPath != "" && !subPath.MatchString(g.ReadOnlyCacheSubPath) {
-		errs = append(errs, fmt.Errorf("gradle read-only cache %q: want a relative path of plain names", g.ReadOnlyCacheSubPath))
+		err = errors.Join(err, fmt.Errorf("gradle read-only cache %q: want a relative path of plain names", g.ReadOnlyCacheSubPath))
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return nil, err
-	}
-	args := append([]string{"--no-daemon", "--console=plain"}, r.Tasks...)
-	if r.Tests != "" {
-		args = append(args, "--tests", r.Tests)
-	}
-	if r.Offline {
-		args = append(args, "--offline")
 	}
 	c := corev1.Container{
 		Name: "gradle", Command: []string{"gradle"}, Args: args,
@@ -80,4 +74,27 @@ func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "workspace", MountPath: "/gradle-ro-cache", SubPath: g.ReadOnlyCacheSubPath, ReadOnly: true})
 	}
 	return g.job(r.Request, KindGradle, c, vols, false)
+}
+
+// gradleArgs are the arguments of the gradle command of s, for every
+// runner: no daemon (a build is one process tree that ends with it), plain
+// console output (lines, for the log), --offline when offline, the tasks,
+// and --tests with the filter (a task option: it applies to the task
+// before it, so a filter goes with a test task last). Tasks and the filter
+// must be plain names (gradleTask, gradleFilter), never options: a request
+// cannot add an init script, a property or another build file. The error
+// names every refused part.
+func (s Spec) gradleArgs(offline bool) ([]string, error) {
+	if err := ValidateSpec(s); err != nil {
+		return nil, err
+	}
+	args := []string{"--no-daemon", "--console=plain"}
+	if offline {
+		args = append(args, "--offline")
+	}
+	args = append(args, s.Tasks...)
+	if s.Tests != "" {
+		args = append(args, "--tests", s.Tests)
+	}
+	return args, nil
 }
