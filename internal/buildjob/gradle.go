@@ -64,7 +64,9 @@ func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
 		return nil, err
 	}
 	c := corev1.Container{
-		Name: "gradle", Command: []string{"gradle"}, Args: args,
+		// As the local runner: the reports of earlier builds go first (as
+		// the build's user), so the results are this build's.
+		Name: "gradle", Command: []string{"/bin/sh", "-c", cleanAndRun, "gradle"}, Args: args,
 		Env:          []corev1.EnvVar{{Name: "GRADLE_USER_HOME", Value: "/gradle-home"}, {Name: "HOME", Value: "/gradle-home"}},
 		VolumeMounts: []corev1.VolumeMount{{Name: "gradle-home", MountPath: "/gradle-home"}},
 	}

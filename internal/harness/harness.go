@@ -16,6 +16,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/lease"
+	"github.com/talkide/talkide/internal/samples"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 )
@@ -484,17 +485,53 @@ func (h *Harness) open(conv, userID, model string, create bool, held *lease.Held
 }
 
 // CreateSession creates the session of conv for req.UserID, or returns the
-// existing one (ErrUserMismatch if it belongs to another user).
+// existing one (ErrUserMismatch if it belongs to another user). A new
+// session's working tree starts from the sample project req.Sample when
+// one is named (package samples); an unknown sample is ErrInvalid.
 func (h *Harness) CreateSession(conv string, req contract.CreateSessionRequest) (contract.SessionStatus, error) {
+	if req.Sample != "" {
+		if _, err := samples.FS(req.Sample); err != nil {
+			return contract.SessionStatus{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
 	var st contract.SessionStatus
 	err := h.with(conv, req.UserID, req.Model, true, func(s *session) error {
 		if s.meta.UserID != req.UserID {
 			return ErrUserMismatch
 		}
+		if req.Sample != "" && s.meta.Sample == "" && len(s.meta.AcceptedMessages) == 0 && s.proc == nil && s.meta.Process == nil {
+			if err := s.copySampleLocked(req.Sample); err != nil {
+				return err
+			}
+		}
 		st = s.statusLocked()
 		return nil
 	})
 	return st, err
+}
+
+// copySampleLocked makes the new conversation's working tree a copy of the
+// sample project name, owned by its agent. The tree is still the empty
+// directory the worker made (no agent has run): it is replaced, never
+// entered, and samples.Copy creates everything beneath its own descriptor.
+func (s *session) copySampleLocked(name string) error {
+	if s.workDir == "" {
+		return s.workDirRefusal()
+	}
+	uid, gid := -1, -1
+	if u := s.agentUser(); u != nil {
+		uid, gid = int(u.UID), int(u.GID)
+	}
+	if err := os.Remove(s.workDir); err != nil {
+		return fmt.Errorf("%w: a sample project starts only a new conversation's empty working tree", ErrInvalid)
+	}
+	if err := samples.Copy(name, s.workDir, uid, gid); err != nil {
+		_ = os.Mkdir(s.workDir, 0o700)
+		return fmt.Errorf("copy the sample project %s: %w", name, err)
+	}
+	s.meta.Sample = name
+	s.h.log.Info("working tree started from a sample project", "conversation", s.conv, "sample", name)
+	return s.saveLocked()
 }
 
 // with runs f with conv's session locked, retrying once when the session

@@ -282,11 +282,18 @@ func (p *Platform) Do(method, path string, in, out any) int {
 // NewConversation creates a conversation and returns its id.
 func (p *Platform) NewConversation() string {
 	p.T.Helper()
+	return p.NewConversationFrom("")
+}
+
+// NewConversationFrom creates a conversation whose working tree starts
+// from the sample project sample ("" for an empty one) and returns its id.
+func (p *Platform) NewConversationFrom(sample string) string {
+	p.T.Helper()
 	var out struct {
 		ID string `json:"id"`
 	}
-	if st := p.Do("POST", "/api/conversations", map[string]string{"tenant": p.Tenant, "env": p.Env}, &out); st != http.StatusCreated {
-		p.T.Fatalf("create conversation: status %d", st)
+	if st := p.Do("POST", "/api/conversations", map[string]string{"tenant": p.Tenant, "env": p.Env, "sample": sample}, &out); st != http.StatusCreated {
+		p.T.Fatalf("create conversation from sample %q: status %d", sample, st)
 	}
 	return out.ID
 }
