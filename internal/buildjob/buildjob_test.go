@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,11 +17,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/talkide/talkide/internal/buildjob"
+	"github.com/talkide/talkide/internal/buildmcp"
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/provision"
+	"github.com/talkide/talkide/internal/sessionstore"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }
@@ -513,3 +518,147 @@ func TestInterruptDeletesARunningJob(t *testing.T) {
 }
 
 func finished(j *batchv1.Job) bool { return done(j, batchv1.JobComplete) || done(j, batchv1.JobFailed) }
+
+// A worker restart mid-Job still delivers the result, against the test
+// cluster: the agent's build tool starts a build Job; the worker stops
+// while the Job runs (it detaches: the Job goes on, its record stays);
+// the Job finishes; the next worker's recovery pass adopts the finished
+// Job and delivers its build_completed, marked recovered, with the
+// results the build left in the working tree; and a Job nothing records
+// any more is deleted.
+func TestWorkerRestartMidJobDeliversTheResult(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	admin := kubetest.Shared(t).Client()
+	store, err := sessionstore.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := t.TempDir()
+	const conv, uid = "c_restart", 20001
+	dir := filepath.Join(ws, conv, buildjob.ReportsDir, "test")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	report, _ := os.ReadFile("testdata/TEST-com.acme.CalculatorTest.xml")
+	p := filepath.Join(dir, "TEST-com.acme.CalculatorTest.xml")
+	if err := os.WriteFile(p, report, 0o644); err != nil || os.Chown(p, uid, uid) != nil {
+		t.Fatal(err)
+	}
+	newServer := func() (*buildmcp.Server, *buildjob.Dispatcher) {
+		d := &buildjob.Dispatcher{Kube: worker, Namespace: ns}
+		r := &buildjob.KubeRunner{Dispatcher: d, WorkspaceRoot: ws, Offline: true,
+			Gradle: &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Labels: map[string]string{kubetest.HoldLabel: "1"}}}}
+		return buildmcp.New(buildmcp.Config{Runner: r, RunnerName: buildjob.RunnerKubernetes, Tenant: tenant, Env: "dev", Records: store}), d
+	}
+	var mu sync.Mutex
+	var events []contract.Event
+	emit := func(typ contract.EventType, payload any) {
+		ev, _ := contract.NewEvent(conv, typ, payload)
+		mu.Lock()
+		events = append(events, ev)
+		mu.Unlock()
+	}
+
+	first, _ := newServer()
+	h, err := first.Open(buildmcp.Conversation{ID: conv, UID: uid, Emit: emit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	answer := make(chan string, 1)
+	go func() {
+		for _, m := range []string{
+			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"claude-code","version":"2.1.332"}}}`,
+			`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+			`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_build","arguments":{},"_meta":{"claudecode/toolUseId":"toolu_restart"}}}`,
+		} {
+			resp, err := h.HandleMCP(context.Background(), []byte(m))
+			if err != nil {
+				t.Error(err)
+			}
+			if strings.Contains(m, "tools/call") {
+				answer <- string(resp)
+			}
+		}
+	}()
+	job := buildjob.JobName(buildjob.KindGradle, conv, "toolu_restart")
+	var pod string
+	for deadline := time.Now().Add(2 * time.Minute); pod == ""; time.Sleep(200 * time.Millisecond) {
+		pods, _ := admin.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job})
+		if len(pods.Items) == 1 && pods.Items[0].Status.Phase == corev1.PodRunning {
+			pod = pods.Items[0].Name
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the build's pod never ran")
+		}
+	}
+	first.Detach() // the worker stops
+	if a := <-answer; !strings.Contains(a, "restarting") {
+		t.Errorf("the tool's answer as the worker stops: %s", a)
+	}
+	if _, err := admin.BatchV1().Jobs(ns).Get(context.Background(), job, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the build Job after the worker stopped: %v; want it running on", err)
+	}
+	// The build ends while no worker follows it.
+	if _, err := admin.CoreV1().Pods(ns).Patch(context.Background(), pod, types.JSONPatchType,
+		[]byte(`[{"op":"remove","path":"/metadata/labels/`+kubetest.HoldLabel+`"}]`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		j, err := admin.BatchV1().Jobs(ns).Get(context.Background(), job, metav1.GetOptions{})
+		if err == nil && finished(j) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the build Job never finished: %v", err)
+		}
+	}
+	// An orphan: a Job of a build nothing records.
+	orphan := gradleJob(t, tenant, "toolu_orphan", buildjob.Base{})
+	if _, err := worker.BatchV1().Jobs(ns).Create(context.Background(), orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	second, d := newServer()
+	mu.Lock()
+	events = nil
+	mu.Unlock()
+	deliver := func(c string, typ contract.EventType, payload any) error {
+		if c != conv {
+			return buildmcp.ErrGone
+		}
+		emit(typ, payload)
+		return nil
+	}
+	if err := second.Recover(context.Background(), deliver, d); err != nil {
+		t.Fatal(err)
+	}
+	var done contract.BuildCompleted
+	for deadline := time.Now().Add(2 * time.Minute); done.BuildID == ""; time.Sleep(200 * time.Millisecond) {
+		mu.Lock()
+		for _, ev := range events {
+			if ev.Type == contract.EventBuildCompleted {
+				_ = json.Unmarshal(ev.Data, &done)
+			}
+		}
+		mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("no build_completed after the restart")
+		}
+	}
+	if done.BuildID != "toolu_restart" || !done.Recovered || done.Phase != buildjob.PhaseSucceeded || done.Tests != 4 || len(done.Failed) != 2 ||
+		done.Failed[0].Message != "expected:<4> but was:<5>" {
+		t.Errorf("delivered %+v", done)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if _, err := admin.BatchV1().Jobs(ns).Get(context.Background(), orphan.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the orphaned build Job was not deleted")
+		}
+	}
+	if recs, _, _ := store.ListBuilds(); len(recs) != 0 {
+		t.Errorf("records after delivery: %+v", recs)
+	}
+}
