@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,4 +65,70 @@ func TestAgentRunsTheSampleProjectsTests(t *testing.T) {
 	if !r.IsError || !strings.Contains(r.Content, "FAILED com.acme.CalculatorTest.raisesToAPower: java.lang.AssertionError: expected:<8> but was:<4>") || !strings.Contains(r.Content, "Tests: 2 run, 1 failed") {
 		t.Errorf("the agent's tool result: %+v", r)
 	}
+}
+
+// TestInterruptStopsTheBuild interrupts a turn while its build runs (the
+// real CLI waits in the build tool's call): the build is cancelled (its
+// Gradle ends with it: no process of the build is left), the stream says
+// so in build_completed, the turn fails as interrupted, and the
+// conversation goes on.
+func TestInterruptStopsTheBuild(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversationFrom("java-calculator")
+	stream := p.OpenStream(conv, 0)
+	p.Send(conv, "run the tests")
+	stream.Until(2*time.Minute, func(ev contract.Event) bool {
+		return ev.Type == contract.EventBuildProgress && len(platformtest.Payload[contract.BuildProgress](t, ev).Lines) > 0 || platformtest.TurnEnd(ev)
+	})
+	var ir contract.InterruptResponse
+	if st := p.Do("POST", "/api/conversations/"+conv+"/interrupt", nil, &ir); st != http.StatusAccepted || !ir.Interrupted {
+		t.Fatalf("interrupt: status %d %+v", st, ir)
+	}
+	var done contract.BuildCompleted
+	end := stream.Until(time.Minute, func(ev contract.Event) bool {
+		if ev.Type == contract.EventBuildCompleted {
+			done = platformtest.Payload[contract.BuildCompleted](t, ev)
+		}
+		return platformtest.TurnEnd(ev)
+	})
+	if end.Type != contract.EventTurnFailed {
+		t.Errorf("the interrupted turn ended with %s %s", end.Type, end.Data)
+	}
+	if done.BuildID == "" {
+		// The CLI may end the turn before the build's end is stored.
+		stream.Until(30*time.Second, func(ev contract.Event) bool {
+			if ev.Type == contract.EventBuildCompleted {
+				done = platformtest.Payload[contract.BuildCompleted](t, ev)
+				return true
+			}
+			return false
+		})
+	}
+	if done.Phase != "cancelled" {
+		t.Fatalf("build_completed %+v; want cancelled", done)
+	}
+	for _, proc := range processesIn(filepath.Join(p.SessionDir, "workspaces", conv)) {
+		if strings.Contains(proc, "org.gradle") || strings.Contains(proc, "/bin/java ") {
+			t.Errorf("a process of the cancelled build is left in its working tree: %s", proc)
+		}
+	}
+	p.Send(conv, "please run `echo after-the-build`")
+	if end := stream.Until(60*time.Second, platformtest.TurnEnd); end.Type != contract.EventTurnCompleted {
+		t.Errorf("turn after the interrupt: %s %s", end.Type, end.Data)
+	}
+}
+
+// processesIn lists the processes whose working directory is dir or
+// below ("<pid>: <command line>").
+func processesIn(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+"/")) {
+			cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return out
 }
