@@ -305,7 +305,7 @@ func toolResult(d contract.BuildCompleted) *mcp.CallToolResult {
 			fmt.Fprintf(&b, ": %s", f.Message)
 		}
 		if f.Detail != "" {
-			fmt.Fprintf(&b, "\n%s", firstLines(f.Detail, 8))
+			fmt.Fprintf(&b, "\n%s", traceOf(f.Detail, f.Class))
 		}
 	}
 	if len(d.LogTail) > 0 {
@@ -316,12 +316,30 @@ func toolResult(d contract.BuildCompleted) *mcp.CallToolResult {
 	return r
 }
 
-func firstLines(s string, n int) string {
-	lines := strings.SplitN(s, "\n", n+1)
-	if len(lines) > n {
-		lines = append(lines[:n], "\t...")
+// traceOf is the part of a failure's stack trace the agent needs: its
+// first line (the exception and message) and the frames in the test's
+// package, the project's own code (at most 6); all but the first line of
+// the rest (the test framework's and the JVM's frames) are left out. A
+// trace with no such frame keeps its first 8 lines.
+func traceOf(detail, class string) string {
+	lines := strings.Split(strings.TrimSpace(detail), "\n")
+	pkg := class
+	if i := strings.LastIndex(class, "."); i > 0 {
+		pkg = class[:i+1]
 	}
-	return strings.Join(lines, "\n")
+	out := lines[:1]
+	for _, l := range lines[1:] {
+		if len(out) == 7 {
+			break
+		}
+		if frame := strings.TrimSpace(l); strings.HasPrefix(frame, "at "+pkg) || strings.HasPrefix(frame, "Caused by:") {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 1 && len(lines) > 1 {
+		out = lines[:min(len(lines), 8)]
+	}
+	return strings.Join(out, "\n")
 }
 
 func nonEmpty(s, def string) string {
