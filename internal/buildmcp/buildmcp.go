@@ -90,6 +90,15 @@ type Server struct {
 	detached bool
 }
 
+// Runner says where builds run ("kubernetes" or "local"), or, when they
+// cannot run here, "" and why (Config.Unavailable).
+func (s *Server) Runner() (name, unavailable string) {
+	if s.cfg.Runner == nil {
+		return "", s.cfg.Unavailable
+	}
+	return s.cfg.RunnerName, ""
+}
+
 // Detach makes every build this worker follows go on without it: call it
 // when the worker stops, before its CLI processes end. Their build Jobs
 // keep running, their records stay, and the restarted worker delivers
