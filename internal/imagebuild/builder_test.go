@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,6 +25,11 @@ func fakeBuilderBase(t *testing.T, leaveOut string) string {
 	t.Helper()
 	members := []tarMember{
 		{hdr: tar.Header{Typeflag: tar.TypeDir, Name: "./tmp/", Mode: 0o1777, ModTime: oldTime}},
+		{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "./bin", Linkname: "usr/bin", Mode: 0o777, ModTime: oldTime}},
+		{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "./usr/bin/sh", Linkname: "dash", Mode: 0o777, ModTime: oldTime}},
+		{tar.Header{Typeflag: tar.TypeReg, Name: "./usr/bin/dash", Mode: 0o755, ModTime: oldTime}, "dash"},
+		{tar.Header{Typeflag: tar.TypeReg, Name: "./usr/bin/rm", Mode: 0o755, ModTime: oldTime}, "rm"},
+		{tar.Header{Typeflag: tar.TypeReg, Name: "./usr/share/gradle/bin/gradle", Mode: 0o755, ModTime: oldTime}, "#!/bin/sh"},
 		{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "./usr/bin/gradle", Linkname: "../share/gradle/bin/gradle", Mode: 0o777, ModTime: oldTime}},
 		{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "./usr/bin/java", Linkname: "/etc/alternatives/java", Mode: 0o777, ModTime: oldTime}},
 		{tar.Header{Typeflag: tar.TypeReg, Name: "./usr/lib/jvm/java-17-openjdk-amd64/bin/java", Mode: 0o755, ModTime: oldTime}, "java"},
@@ -149,10 +155,45 @@ func TestBuilderGradleImage(t *testing.T) {
 	}
 }
 
+// resolve follows the symbolic links of p (absolute) through the image's
+// members, as the kernel would, and returns the member it names.
+func resolve(members map[string]tar.Header, p string) (tar.Header, bool) {
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	for hops := 0; hops < 40; hops++ {
+		done := true
+		for i := range parts {
+			cur := strings.Join(parts[:i+1], "/")
+			h, ok := members[cur]
+			if !ok && i < len(parts)-1 {
+				continue // a directory a layer made implicitly
+			}
+			if !ok {
+				return tar.Header{}, false
+			}
+			if h.Typeflag != tar.TypeSymlink {
+				continue
+			}
+			target := h.Linkname
+			if !strings.HasPrefix(target, "/") {
+				target = path.Join(path.Dir("/"+cur), target)
+			}
+			parts = append(strings.Split(strings.Trim(path.Clean(target), "/"), "/"), parts[i+1:]...)
+			done = false
+			break
+		}
+		if done {
+			return members[strings.Join(parts, "/")], true
+		}
+	}
+	return tar.Header{}, false
+}
+
 // TestBuilderGradleImageFitsTheGradleJob checks the image against the Job
-// internal/buildjob makes of it: its command is on the image's PATH, its
-// working directory and every writable mount are directories any uid may
-// write to, and the Gradle home the Job sets is the image's own.
+// internal/buildjob makes of it: its command (/bin/sh, which removes the
+// earlier reports with rm and becomes gradle) is in the image and gradle
+// on its PATH, its working directory and every writable mount are
+// directories any uid may write to, and the Gradle home the Job sets is the
+// image's own.
 func TestBuilderGradleImageFitsTheGradleJob(t *testing.T) {
 	img, r := buildBuilderGradle(t, fakeBuilderBase(t, ""))
 	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: "registry.example/talkide-builder-gradle@" + r.Digest.String()},
@@ -166,8 +207,24 @@ func TestBuilderGradleImageFitsTheGradleJob(t *testing.T) {
 	cf, _ := img.ConfigFile()
 	env := envMap(cf.Config.Env)
 	members := imageMembers(t, img)
-	if ctr.Command[0] != "gradle" || !slices.Contains(strings.Split(env["PATH"], ":"), "/usr/bin") || members["usr/bin/gradle"].Name == "" {
-		t.Errorf("the Job runs %q; the image's PATH is %q and /usr/bin/gradle %v", ctr.Command, env["PATH"], members["usr/bin/gradle"].Name != "")
+	if h, ok := resolve(members, ctr.Command[0]); !ok || h.Typeflag != tar.TypeReg || h.Mode&0o111 == 0 {
+		t.Errorf("the Job runs %s, which is no program in the image (%+v)", ctr.Command[0], h)
+	}
+	cmdline := append(slices.Clone(ctr.Command), ctr.Args...)
+	for _, prog := range []string{"gradle", "rm"} {
+		if !strings.Contains(strings.Join(cmdline, " "), prog) {
+			continue
+		}
+		found := false
+		for _, dir := range strings.Split(env["PATH"], ":") {
+			if h, ok := resolve(members, dir+"/"+prog); ok && h.Typeflag == tar.TypeReg && h.Mode&0o111 != 0 {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("the Job runs %q: %s is not on the image's PATH %s", cmdline, prog, env["PATH"])
+		}
 	}
 	if ctr.WorkingDir != cf.Config.WorkingDir {
 		t.Errorf("the Job works in %s, the image in %s", ctr.WorkingDir, cf.Config.WorkingDir)
@@ -217,8 +274,10 @@ func builtBuilderGradle(t *testing.T) (v1.Image, string) {
 }
 
 // TestBuilderGradleImageRunsAGradleBuild runs, in the builder image make
-// images built (on the real Debian base), what a build Job runs: `gradle
-// --no-daemon --console=plain test --offline` on a small project with
+// images built (on the real Debian base), what a build Job runs (the
+// command, arguments, environment and working directory of the Job
+// GradleJobBuilder makes: the earlier reports removed, then `gradle
+// --no-daemon --console=plain --offline test`) on a small project with
 // JUnit 4 tests, as a uid with no passwd entry, with the root filesystem
 // read-only, /tmp a tmpfs, and the working tree and the Gradle home
 // mounted, as in a Job with readOnlyRootFilesystem. It checks that the
@@ -316,6 +375,31 @@ public class GreeterTest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the Job runs, with its environment over the image's.
+	d, _ := img.Digest()
+	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: "registry.example/talkide-builder-gradle@" + d.String()}}
+	job, err := g.Job(buildjob.GradleRequest{Request: buildjob.Request{Tenant: "acme", Env: "dev", Conversation: "c1", ID: "b1", RunAsUser: 4321},
+		Tasks: []string{"test"}, Offline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := job.Spec.Template.Spec.Containers[0]
+	env := slices.Clone(cf.Config.Env)
+	for _, e := range ctr.Env {
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, e.Name+"=") })
+		env = append(env, e.Name+"="+e.Value)
+	}
+	// A stale report the Job's command must remove first.
+	stale := filepath.Join(ws, buildjob.ReportsDir, "test", "TEST-hello.OldTest.xml")
+	if err := os.MkdirAll(filepath.Dir(stale), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stale, []byte("<testsuite/>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chown", "-R", uid+":"+uid, ws).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v\n%s", err, out)
+	}
 	// The image read-only, as a Job's readOnlyRootFilesystem makes it,
 	// and writable what the Job mounts: in a mount (and PID) namespace of
 	// its own, so every mount goes with the command.
@@ -327,9 +411,12 @@ mount --bind "$WS" "$r/workspace"; mount --bind "$GH" "$r/gradle-home"
 mount -t proc proc "$r/proc"
 mount --bind /dev "$r/dev"
 exec chroot --userspec=` + uid + ":" + uid + ` "$r" "$@"`
-	args := []string{"--mount", "--pid", "--fork", "sh", "-c", script, "sh", rootfs, "/usr/bin/env", "-i", "-C", cf.Config.WorkingDir}
-	args = append(args, cf.Config.Env...)
-	args = append(args, "gradle", "--no-daemon", "--console=plain", "test", "--offline")
+	args := []string{"--mount", "--pid", "--fork", "sh", "-c", script, "sh", rootfs, "/usr/bin/env", "-i", "-C", ctr.WorkingDir}
+	args = append(args, env...)
+	args = append(append(args, ctr.Command...), ctr.Args...)
+	if !slices.Contains(ctr.Args, "--offline") {
+		t.Errorf("the Job's arguments %q: want --offline", ctr.Args)
+	}
 	cmd := exec.Command("unshare", args...)
 	cmd.Env = append(os.Environ(), "WS="+ws, "GH="+home)
 	var out bytes.Buffer
@@ -354,6 +441,9 @@ exec chroot --userspec=` + uid + ":" + uid + ` "$r" "$@"`
 	}
 	if suite.Tests != 3 || suite.Failures+suite.Errors != 0 {
 		t.Errorf("JUnit report: %d tests, %d failures, %d errors; want 3 passing\n%s\n%s", suite.Tests, suite.Failures, suite.Errors, report, out.String())
+	}
+	if _, err := os.Stat(stale); err == nil {
+		t.Error("the report of an earlier build is still there: the Job's command did not remove it")
 	}
 	if _, err := os.Stat(filepath.Join(ws, "?")); err == nil {
 		t.Error(`the build made a directory "?" in the working tree: a JVM's user.home was not the Gradle home`)

@@ -256,8 +256,8 @@ type BuilderGradle struct {
 // JDK and JUnit 4 as one layer, and a layer with the directories a Job
 // mounts, /workspace and /gradle-home, mode 1777 like /tmp, so that the
 // image also runs unmounted as any uid. No entrypoint and no command: the
-// Job gives both (`gradle --no-daemon --console=plain <tasks>`), gradle
-// being on PATH. Its user is 65532, with no passwd entry, as the Job's
+// Job gives both (/bin/sh removing the earlier reports, then `gradle
+// --no-daemon --console=plain <tasks>`), gradle being on PATH. Its user is 65532, with no passwd entry, as the Job's
 // agent uid has none: HOME and GRADLE_USER_HOME are the Gradle home, and
 // JAVA_TOOL_OPTIONS makes it every JVM's user.home too (Gradle's, its test
 // workers', javac's), which the JDK would otherwise set to "?" for a uid
