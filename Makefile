@@ -99,9 +99,10 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
 
-## images: build the OCI images talkide-controlplane and talkide-worker, reproducibly
-## and without a daemon, into .cache/images/ (docs/images.md); the worker's Debian
-## base is made once with debootstrap (root) and cached. Ends with one line per
+## images: build the OCI images talkide-controlplane, talkide-worker and
+## talkide-builder-gradle, reproducibly and without a daemon, into .cache/images/
+## (docs/images.md); the Debian bases of the worker and the builder are made once
+## with debootstrap (root) and cached. Ends with one line per
 ## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
 .PHONY: images
 images: tools

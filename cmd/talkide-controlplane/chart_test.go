@@ -133,7 +133,7 @@ func builtImages(t *testing.T) map[string]builtImage {
 		}
 		imgs[name] = builtImage{Name: name, Digest: digest, Ref: f[1], Layout: f[2]}
 	}
-	for _, n := range []string{"talkide-controlplane", "talkide-worker"} {
+	for _, n := range []string{"talkide-controlplane", "talkide-worker", "talkide-builder-gradle"} {
 		if imgs[n].Ref == "" {
 			t.Fatalf("%s names no image %s", path, n)
 		}
@@ -266,6 +266,13 @@ func TestChartLintTemplateDryRun(t *testing.T) {
 		{"worker.egressCIDRs[0]=0.0.0.0/0\n  - 1", "/worker/egressCIDRs/0"},
 		{"podDisruptionBudget.minAvailable=1\n---\nkind: ClusterRoleBinding", "minAvailable"},
 		{"extraEnv[0].name=TALKIDE_CONFIG_REVISION", "extraEnv"},
+		{"extraEnv[0].name=TALKIDE_WORKER_BUILD_IMAGE", "extraEnv"},
+		{"builds.gradleImage.digest=latest", "/builds/gradleImage/digest"},
+		// A build image is pinned by digest: a repository alone is refused,
+		// and so is a digest without its repository.
+		{"builds.gradleImage.repository=registry.example/talkide-builder-gradle", "/builds/gradleImage"},
+		{"builds.gradleImage.digest=sha256:" + strings.Repeat("0", 64), "/builds/gradleImage"},
+		{"builds.gradleImage.tag=1.0", "/builds/gradleImage"},
 	} {
 		for major, bin := range bins {
 			out, err := helm(t, bin, c.Kubeconfig(), "template", "talkide", chart, "--kube-version", kubetest.Pinned().Kubernetes, "--set-string", bad.set)
@@ -328,6 +335,9 @@ func checkDefaultRender(t *testing.T, objs []*unstructured.Unstructured) {
 	if got := env["TALKIDE_CONFIG_REVISION"].Value; got != "1" {
 		t.Errorf("TALKIDE_CONFIG_REVISION %q; want the release revision, 1", got)
 	}
+	if e, ok := env["TALKIDE_WORKER_BUILD_IMAGE"]; ok {
+		t.Errorf("TALKIDE_WORKER_BUILD_IMAGE %+v by default; want it unset (no builds in Kubernetes until an operator names the image)", e)
+	}
 	for _, name := range []string{"TALKIDE_DATABASE_URL", "TALKIDE_MASTER_KEYS", "ANTHROPIC_API_KEY"} {
 		if ref := env[name].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "talkide-controlplane" || ref.SecretKeyRef.Optional != nil {
 			t.Errorf("%s: %+v; want it from Secret talkide-controlplane, required", name, env[name])
@@ -355,6 +365,7 @@ func checkFullRender(t *testing.T, objs []*unstructured.Unstructured) {
 	env := envOf(d.Spec.Template.Spec.Containers[0])
 	want := map[string]string{
 		"TALKIDE_WORKER_IMAGE":            "registry.example/talkide-worker@sha256:0000000000000000000000000000000000000000000000000000000000000002",
+		"TALKIDE_WORKER_BUILD_IMAGE":      "registry.example/talkide-builder-gradle@sha256:0000000000000000000000000000000000000000000000000000000000000003",
 		"TALKIDE_WORKER_ENV":              "TALKIDE_IDLE_TIMEOUT=30m,TALKIDE_MAX_PROCESSES=8",
 		"TALKIDE_WORKER_EGRESS_CIDRS":     "10.20.0.0/16,192.168.7.0/24",
 		"TALKIDE_WORKER_GATEWAY_URL":      "http://talkide-controlplane." + d.Namespace + ".svc.cluster.example:8080",
@@ -477,11 +488,12 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cp, worker := imgs["talkide-controlplane"], imgs["talkide-worker"]
+	cp, worker, builder := imgs["talkide-controlplane"], imgs["talkide-worker"], imgs["talkide-builder-gradle"]
 	repo := func(img builtImage) string { return strings.Split(img.Ref, "@")[0] }
 	install := []string{"install", "talkide", chart, "-n", ns, "--wait", "--timeout", "3m",
 		"--set", "image.repository=" + repo(cp), "--set", "image.digest=" + cp.Digest,
 		"--set", "worker.image.repository=" + repo(worker), "--set", "worker.image.digest=" + worker.Digest,
+		"--set", "builds.gradleImage.repository=" + repo(builder), "--set", "builds.gradleImage.digest=" + builder.Digest,
 		"--set", "upstreamURL=" + upstream.URL, "--set", "provisioner.resync=1s"}
 	if out, err := helm(t, bins["4"], c.Kubeconfig(), install...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -519,7 +531,11 @@ func TestChartInstallProvisionUpgrade(t *testing.T) {
 	}
 	for _, tn := range tenants {
 		waitWorker(t, p, admin, tn, worker.Ref)
-		rolledOut(t, kube, provision.Namespace(tn, "dev"), provision.WorkerName, worker.Ref)
+		d := rolledOut(t, kube, provision.Namespace(tn, "dev"), provision.WorkerName, worker.Ref)
+		// The builder image reaches every worker, which runs its build Jobs in it.
+		if got := envOf(d.Spec.Template.Spec.Containers[0])["TALKIDE_BUILD_IMAGE"].Value; got != builder.Ref {
+			t.Errorf("worker %s/dev: TALKIDE_BUILD_IMAGE %q, want the built builder image %s", tn, got, builder.Ref)
+		}
 	}
 
 	// The upgrade: new images for both.

@@ -37,6 +37,7 @@ func provisionFromEnv(cfg *controlplane.Config) error {
 	default:
 		return fmt.Errorf("TALKIDE_WORKER_IMAGE_PULL_POLICY %q: want Always, IfNotPresent or Never", p.ImagePullPolicy)
 	}
+	p.BuildImage = os.Getenv("TALKIDE_WORKER_BUILD_IMAGE")
 	p.StorageClass = os.Getenv("TALKIDE_WORKER_STORAGE_CLASS")
 	p.GatewayURL = os.Getenv("TALKIDE_WORKER_GATEWAY_URL")
 	p.ControlPlaneNamespace = os.Getenv("TALKIDE_NAMESPACE")

@@ -138,12 +138,10 @@ type Base struct {
 	Labels map[string]string
 }
 
-var digestPinned = regexp.MustCompile(`^[a-z0-9][-a-z0-9._/:]*@sha256:[0-9a-f]{64}$`)
-
 // Validate applies the defaults and checks b.
 func (b *Base) Validate() error {
 	var errs []error
-	if !digestPinned.MatchString(b.Image) {
+	if !provision.DigestPinned(b.Image) {
 		errs = append(errs, fmt.Errorf("builder image %q: want one pinned by digest, repository@sha256:<64 hex digits>", b.Image))
 	}
 	if _, ok := b.NodeSelector["kubernetes.io/hostname"]; ok {

@@ -108,7 +108,12 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 		// Only once it can serve: its configuration revision then takes
 		// the workers over from an older rollout's replicas.
 		p.Start(ctx)
-		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image, "resync", cfg.Provision.Resync)
+		buildImage := cfg.Provision.BuildImage
+		if buildImage == "" {
+			buildImage = "none (TALKIDE_WORKER_BUILD_IMAGE unset): builds in Kubernetes are off"
+		}
+		cfg.Logger.Info("worker provisioning on", "provisioner", "kubernetes", "image", cfg.Provision.Image,
+			"build_image", buildImage, "resync", cfg.Provision.Resync)
 	}
 	fds := currentFDBudget()
 	s.maxStreams = int64(fds.MaxStreams)

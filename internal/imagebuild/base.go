@@ -41,6 +41,17 @@ var WorkerPackages = []string{
 	"bubblewrap", "tini", "util-linux",
 }
 
+// BuilderGradlePackages are the Debian packages of the Gradle builder
+// image besides minbase: Debian's Gradle (4.4.1), the JDK it compiles
+// with, and JUnit 4 with Hamcrest, whose jars and Maven metadata are in
+// /usr/share/java and /usr/share/maven-repo, so a project's tests resolve
+// them offline. The same toolchain as the local runner's on one machine,
+// so a project builds the same way in a Job. ca-certificates (and the JDK's
+// ca-certificates-java) for dependencies fetched over HTTPS.
+var BuilderGradlePackages = []string{
+	"ca-certificates", "gradle", "junit4", "libhamcrest-java", "openjdk-17-jdk-headless",
+}
+
 // BaseSpec is a Debian root filesystem to make with debootstrap.
 type BaseSpec struct {
 	// Suite is the Debian release, e.g. "bookworm".

@@ -1,15 +1,18 @@
-// Package imagebuild builds TalkIDE's two OCI images without a container
+// Package imagebuild builds TalkIDE's three OCI images without a container
 // daemon and reproducibly: talkide-controlplane (the static control-plane
-// binary on a minimal base of a few files) and talkide-worker (the worker
+// binary on a minimal base of a few files), talkide-worker (the worker
 // binary and the pinned Claude Code CLI on a Debian base made with
-// debootstrap). `make images` (scripts/images) drives it.
+// debootstrap) and talkide-builder-gradle (Debian's Gradle, OpenJDK 17 and
+// JUnit 4 on a Debian base of its own: the image of the Gradle build Jobs
+// of internal/buildjob). `make images` (scripts/images) drives it.
 //
 // Main parts:
 //   - Base makes the Debian root filesystem with debootstrap and caches it as
 //     a tarball under <out>/base/<key>/, key = hash of suite, mirror and
 //     package list (and this package's recipe version).
-//   - ControlPlaneImage and WorkerImage assemble an image from files on disk
-//     (binaries, the CLI's directory, the base tarball).
+//   - ControlPlaneImage, WorkerImage and BuilderGradleImage assemble an
+//     image from files on disk (binaries, the CLI's directory, the base
+//     tarballs).
 //   - Write stores an image as an OCI image layout at <out>/oci/<name>/ and as
 //     a tarball <out>/<name>.tar, and returns the digest.
 //

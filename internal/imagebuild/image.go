@@ -19,8 +19,9 @@ import (
 
 // Image names, as in the `image NAME@sha256:… PATH` lines of make images.
 const (
-	ControlPlaneName = "talkide-controlplane"
-	WorkerName       = "talkide-worker"
+	ControlPlaneName  = "talkide-controlplane"
+	WorkerName        = "talkide-worker"
+	BuilderGradleName = "talkide-builder-gradle"
 )
 
 // Paths and ids inside the images.
@@ -30,6 +31,11 @@ const (
 	ClaudeDir       = "/opt/claude-code"
 	ClaudeBin       = ClaudeDir + "/claude"
 	NonrootID       = 65532
+	// The Gradle builder's directories: the working tree and the Gradle
+	// home a build Job mounts (internal/buildjob), and its JDK.
+	BuilderWorkspace  = "/workspace"
+	BuilderGradleHome = "/gradle-home"
+	BuilderJavaHome   = "/usr/lib/jvm/java-17-openjdk-amd64"
 	// caPath is the CA bundle, where Go's crypto/x509 looks first on Linux.
 	caPath = "etc/ssl/certs/ca-certificates.crt"
 )
@@ -229,6 +235,110 @@ func WorkerImage(w Worker, m Meta, workDir string) (v1.Image, error) {
 		WorkingDir:   "/",
 		Labels:       labels,
 	})
+}
+
+// BuilderGradleRequires is the builder image's LabelRequires: it runs as
+// any uid, root or not, with nothing added to the pod's defaults, but
+// needs its three working directories writable (see BuilderGradleImage).
+const BuilderGradleRequires = "runAsNonRoot with any uid (no passwd entry needed); no capabilities; " +
+	"seccompProfile=RuntimeDefault; writable " + BuilderWorkspace + " (the working tree), " +
+	BuilderGradleHome + " (GRADLE_USER_HOME, HOME) and /tmp: mount them when readOnlyRootFilesystem"
+
+// BuilderGradle is what the Gradle builder image is made of.
+type BuilderGradle struct {
+	// Base is the Debian base tarball made with BuilderGradlePackages
+	// (Base).
+	Base string
+}
+
+// BuilderGradleImage assembles the image build Jobs run Gradle in
+// (internal/buildjob's GradleJobBuilder): the Debian base with Gradle, the
+// JDK and JUnit 4 as one layer, and a layer with the directories a Job
+// mounts, /workspace and /gradle-home, mode 1777 like /tmp, so that the
+// image also runs unmounted as any uid. No entrypoint and no command: the
+// Job gives both (/bin/sh removing the earlier reports, then `gradle
+// --no-daemon --console=plain <tasks>`), gradle being on PATH. Its user is 65532, with no passwd entry, as the Job's
+// agent uid has none: HOME and GRADLE_USER_HOME are the Gradle home, and
+// JAVA_TOOL_OPTIONS makes it every JVM's user.home too (Gradle's, its test
+// workers', javac's), which the JDK would otherwise set to "?" for a uid
+// it cannot look up, and a build's ~/.m2 would land in a directory "?" of
+// the working tree; each JVM says so in one line, "Picked up
+// JAVA_TOOL_OPTIONS". LANG=C.UTF-8 so javac reads UTF-8 sources and the
+// JVM takes file names as UTF-8; JAVA_HOME is the JDK. Labels name the
+// versions of Gradle, the JDK and JUnit the base holds.
+func BuilderGradleImage(b BuilderGradle, m Meta, workDir string) (v1.Image, error) {
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	var base layerBuilder
+	f, err := os.Open(b.Base)
+	if err != nil {
+		return nil, err
+	}
+	err = base.addTar(f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	jdk := strings.TrimPrefix(BuilderJavaHome, "/")
+	for _, need := range []string{"usr/bin/gradle", "usr/bin/java", jdk + "/bin/java", jdk + "/bin/javac",
+		"usr/share/java/junit4.jar", "usr/share/java/hamcrest.jar", "usr/share/maven-repo/junit/junit", PackagesPath} {
+		if _, ok := base.header(need); !ok {
+			return nil, fmt.Errorf("base %s has no %s", b.Base, need)
+		}
+	}
+	if h, ok := base.header("tmp"); !ok || h.Typeflag != tar.TypeDir || h.Mode&0o1777 != 0o1777 {
+		return nil, fmt.Errorf("base %s: /tmp is not a directory of mode 1777", b.Base)
+	}
+	pkgs, _ := base.lookup(PackagesPath)
+	versions := debianVersions(pkgs)
+	labels := m.labels(BuilderGradleName, "TalkIDE Gradle builder: Debian's Gradle, OpenJDK 17 and JUnit 4, "+
+		"the image of a conversation's build Jobs (`gradle --no-daemon --console=plain <tasks>` in "+BuilderWorkspace+"); runs as any uid")
+	labels[LabelRequires] = BuilderGradleRequires
+	for label, pkg := range map[string]string{"dev.talkide.gradle.version": "gradle",
+		"dev.talkide.jdk.version": "openjdk-17-jdk-headless", "dev.talkide.junit.version": "junit4"} {
+		v, ok := versions[pkg]
+		if !ok {
+			return nil, fmt.Errorf("base %s: %s lists no package %s", b.Base, PackagesPath, pkg)
+		}
+		labels[label] = v
+	}
+	var dirs layerBuilder
+	for _, d := range []string{BuilderGradleHome, BuilderWorkspace} {
+		if err := dirs.dir(d, 0o1777, 0, 0); err != nil {
+			return nil, err
+		}
+	}
+	layers, err := buildLayers(workDir, m.Created, []namedLayer{
+		{"debian", "Debian base (debootstrap minbase + " + strings.Join(BuilderGradlePackages, " ") + ")", &base},
+		{"dirs", BuilderGradleHome + " and " + BuilderWorkspace + ", writable by any uid", &dirs},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return assemble(layers, m, v1.Config{
+		User: fmt.Sprintf("%d:%d", NonrootID, NonrootID),
+		Env: []string{"PATH=" + defaultPath, "JAVA_HOME=" + BuilderJavaHome, "LANG=C.UTF-8",
+			"GRADLE_USER_HOME=" + BuilderGradleHome, "HOME=" + BuilderGradleHome,
+			"JAVA_TOOL_OPTIONS=-Duser.home=" + BuilderGradleHome},
+		WorkingDir: BuilderWorkspace,
+		Labels:     labels,
+	})
+}
+
+// debianVersions reads `dpkg-query -W` output: package name (without an
+// architecture) to version.
+func debianVersions(list []byte) map[string]string {
+	out := map[string]string{}
+	for line := range strings.Lines(string(list)) {
+		name, version, ok := strings.Cut(strings.TrimRight(line, "\n"), "\t")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(name, ":")
+		out[name] = version
+	}
+	return out
 }
 
 func (m Meta) check() error {

@@ -35,22 +35,28 @@ var (
 	testMeta = Meta{Created: epoch, Version: "v0-test", Revision: "0123abcd", Source: "https://github.com/talkide/talkide"}
 )
 
-// controlPlaneBinary builds the real talkide-controlplane once per test run.
+// controlPlaneBinary builds the real talkide-controlplane once per test run,
+// into controlPlaneDir.
 var controlPlaneBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "imagebuild-test-")
 	if err != nil {
 		return "", err
 	}
+	controlPlaneDir = dir
 	out := filepath.Join(dir, "talkide-controlplane")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	return out, BuildGoBinary(ctx, moduleRoot(), "./cmd/talkide-controlplane", out)
 })
 
+// controlPlaneDir holds the binary controlPlaneBinary built, if a test
+// asked for it: TestMain removes it (and builds nothing when none did).
+var controlPlaneDir string
+
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if p, err := controlPlaneBinary(); err == nil {
-		os.RemoveAll(filepath.Dir(p))
+	if controlPlaneDir != "" {
+		os.RemoveAll(controlPlaneDir)
 	}
 	os.Exit(code)
 }

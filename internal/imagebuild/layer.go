@@ -135,6 +135,16 @@ func (b *layerBuilder) addTar(r io.Reader) error {
 	}
 }
 
+// header returns the header of the member name, of any type, or false.
+func (b *layerBuilder) header(name string) (tar.Header, bool) {
+	for _, e := range b.entries {
+		if e.hdr.Name == name {
+			return e.hdr, true
+		}
+	}
+	return tar.Header{}, false
+}
+
 // lookup returns the content of the regular file name, or false.
 func (b *layerBuilder) lookup(name string) ([]byte, bool) {
 	for _, e := range b.entries {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"path"
+	"regexp"
 	"strings"
 	"time"
 
@@ -27,6 +28,13 @@ type Config struct {
 	// ImagePullPolicy [TALKIDE_WORKER_IMAGE_PULL_POLICY]. Default
 	// IfNotPresent.
 	ImagePullPolicy corev1.PullPolicy
+	// BuildImage is the image of the build Jobs a worker runs, the Gradle
+	// builder (`make images`: talkide-builder-gradle), pinned by digest
+	// (repository@sha256:<64 hex>) [TALKIDE_WORKER_BUILD_IMAGE]. Each
+	// worker gets it as TALKIDE_BUILD_IMAGE; a new one rolls the workers.
+	// Empty (the default): no worker gets the setting, and builds in
+	// Kubernetes are off.
+	BuildImage string
 	// Replicas of each worker Deployment [TALKIDE_WORKER_REPLICAS]. Default
 	// 1; a rolling update adds one more for its duration.
 	Replicas int32
@@ -136,8 +144,15 @@ var reserved = map[string]bool{
 	"TALKIDE_TENANT": true, "TALKIDE_ENV": true, "TALKIDE_WORKER_ADDR": true, "TALKIDE_WORKER_REQUEST_KEYS": true,
 	"TALKIDE_WORKER_IDENTITY_TOKEN": true, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE": true, "TALKIDE_GATEWAY_BASE_URL": true,
 	"TALKIDE_SESSION_DIR": true, "TALKIDE_LEASE_BACKEND": true, "TALKIDE_WORKER_ID": true, "TALKIDE_HOST_UID_DIR": true,
-	"TALKIDE_CONTAINMENT": true,
+	"TALKIDE_CONTAINMENT": true, "TALKIDE_BUILD_IMAGE": true,
 }
+
+var digestPinned = regexp.MustCompile(`^[a-z0-9][-a-z0-9._/:]*@sha256:[0-9a-f]{64}$`)
+
+// DigestPinned reports whether image is a reference pinned by digest,
+// repository@sha256:<64 hex digits>, as a build Job's image must be: a
+// tag can change under a running platform.
+func DigestPinned(image string) bool { return digestPinned.MatchString(image) }
 
 // ParseEnv parses TALKIDE_WORKER_ENV ("NAME=value,...").
 func ParseEnv(s string) ([]corev1.EnvVar, error) {
@@ -170,6 +185,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = corev1.PullIfNotPresent
+	}
+	if c.BuildImage != "" && !DigestPinned(c.BuildImage) {
+		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_BUILD_IMAGE %q: want an image pinned by digest, repository@sha256:<64 hex digits>, or unset (no builds in Kubernetes)", c.BuildImage))
 	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1

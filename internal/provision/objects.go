@@ -177,6 +177,9 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 	}
+	if c.BuildImage != "" {
+		env_ = append(env_, corev1.EnvVar{Name: "TALKIDE_BUILD_IMAGE", Value: c.BuildImage})
+	}
 	env_ = append(env_, c.Env...)
 	probe := func(path string, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{

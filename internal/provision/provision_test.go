@@ -192,8 +192,32 @@ func reasonOf(err error) string {
 
 // The provisioner makes every object of the design, as specified, and a
 // second provision changes nothing.
+const testBuildImage = "registry.example/talkide-builder-gradle@sha256:00000000000000000000000000000000000000000000000000000000000000b1"
+
+// TestBuildImageSetting: the build image is optional, must be pinned by
+// digest when set, and only BuildImage sets the worker's
+// TALKIDE_BUILD_IMAGE (not TALKIDE_WORKER_ENV).
+func TestBuildImageSetting(t *testing.T) {
+	for image, ok := range map[string]bool{
+		"": true, testBuildImage: true,
+		"registry.example/talkide-builder-gradle:1.0":                             false,
+		"registry.example/talkide-builder-gradle@sha256:abc":                      false,
+		"sha256:00000000000000000000000000000000000000000000000000000000000000b1": false,
+	} {
+		c := provision.Config{Image: "example.invalid/w:1", BuildImage: image}
+		if err := c.Validate(); (err == nil) != ok {
+			t.Errorf("BuildImage %q: Validate %v, want ok=%v", image, err, ok)
+		} else if err != nil && !strings.Contains(err.Error(), "TALKIDE_WORKER_BUILD_IMAGE") {
+			t.Errorf("BuildImage %q: %v, want the setting named", image, err)
+		}
+	}
+	if _, err := provision.ParseEnv("TALKIDE_BUILD_IMAGE=" + testBuildImage); err == nil {
+		t.Error("TALKIDE_WORKER_ENV may set TALKIDE_BUILD_IMAGE; want it refused (TALKIDE_WORKER_BUILD_IMAGE sets it)")
+	}
+}
+
 func TestProvisionMakesTheWorkersObjects(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, func(c *provision.Config) { c.BuildImage = testBuildImage })
 	ctx := context.Background()
 	tn := r.tenant()
 	ns := provision.Namespace(tn, "dev")
@@ -266,7 +290,7 @@ func TestProvisionMakesTheWorkersObjects(t *testing.T) {
 		env[e.Name] = e.Value
 	}
 	if env["TALKIDE_TENANT"] != tn || env["TALKIDE_ENV"] != "dev" || env["TALKIDE_WORKER_IDENTITY_TOKEN_FILE"] != provision.IdentityMount+"/identity-token" ||
-		env["TALKIDE_LEASE_BACKEND"] != "kubernetes" || env["TALKIDE_SESSION_DIR"] != "/data/claude" {
+		env["TALKIDE_LEASE_BACKEND"] != "kubernetes" || env["TALKIDE_SESSION_DIR"] != "/data/claude" || env["TALKIDE_BUILD_IMAGE"] != testBuildImage {
 		t.Errorf("env %v", env)
 	}
 	if dep.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 0 {

@@ -1,15 +1,18 @@
 // Command images builds TalkIDE's OCI images (`make images`):
-// talkide-controlplane and talkide-worker, reproducibly and without a
-// container daemon (internal/imagebuild; docs/images.md).
+// talkide-controlplane, talkide-worker and talkide-builder-gradle (the
+// image of Gradle build Jobs), reproducibly and without a container daemon
+// (internal/imagebuild; docs/images.md).
 //
 // Outputs, under -out (default .cache/images): oci/<name>/ (an OCI image
 // layout), <name>.tar (a tarball for `crane push`), base/<key>/ (the cached
-// Debian base), talkide-worker.packages.txt (the worker's Debian packages)
-// and images.txt. Progress goes to stderr; stdout ends with one line per
-// image and nothing after:
+// Debian bases: the worker's, the builder's), <name>.packages.txt (the
+// Debian packages of the worker and of the builder) and images.txt.
+// Progress goes to stderr; stdout ends with one line per image and nothing
+// after:
 //
 //	image talkide-controlplane@sha256:… /abs/path/.cache/images/oci/talkide-controlplane
 //	image talkide-worker@sha256:… /abs/path/.cache/images/oci/talkide-worker
+//	image talkide-builder-gradle@sha256:… /abs/path/.cache/images/oci/talkide-builder-gradle
 //
 // SOURCE_DATE_EPOCH (default: the commit time of HEAD) is every file's
 // latest modification time and the images' created time.
@@ -49,7 +52,7 @@ func main() {
 	flag.StringVar(&c.out, "out", ".cache/images", "output directory")
 	flag.StringVar(&c.claudeDir, "claude-dir", ".tools/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64",
 		"the native Claude Code CLI package (make tools installs it)")
-	flag.StringVar(&c.suite, "suite", "bookworm", "Debian release of the worker's base")
+	flag.StringVar(&c.suite, "suite", "bookworm", "Debian release of the worker's and the builder's bases")
 	flag.StringVar(&c.mirror, "mirror", "http://deb.debian.org/debian", "Debian mirror for debootstrap")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -116,6 +119,14 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
+	// The builder's base is one of its own (its packages are its key): it
+	// shares nothing with the worker's but minbase, and a build Job's node
+	// pulls only it.
+	builderSpec := imagebuild.BaseSpec{Suite: c.suite, Mirror: c.mirror, Packages: imagebuild.BuilderGradlePackages}
+	builderBase, err := imagebuild.Base(ctx, builderSpec, filepath.Join(c.out, "base"), log)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(log, "building talkide-controlplane and talkide-worker (static, CGO_ENABLED=0)")
 	bins := map[string]string{}
 	for _, name := range []string{imagebuild.ControlPlaneName, imagebuild.WorkerName} {
@@ -124,7 +135,7 @@ func run(ctx context.Context, c config) error {
 			return err
 		}
 	}
-	fmt.Fprintf(log, "assembling the images: writing and compressing their layers, about half a minute (version %s, SOURCE_DATE_EPOCH %d)\n", c.meta.Version, c.meta.Created.Unix())
+	fmt.Fprintf(log, "assembling the images: writing and compressing their layers, about a minute (version %s, SOURCE_DATE_EPOCH %d)\n", c.meta.Version, c.meta.Created.Unix())
 	cp, err := imagebuild.ControlPlaneImage(imagebuild.ControlPlane{Binary: bins[imagebuild.ControlPlaneName], Base: base},
 		c.meta, filepath.Join(work, "layers-controlplane"))
 	if err != nil {
@@ -135,11 +146,15 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", imagebuild.WorkerName, err)
 	}
+	bg, err := imagebuild.BuilderGradleImage(imagebuild.BuilderGradle{Base: builderBase}, c.meta, filepath.Join(work, "layers-builder-gradle"))
+	if err != nil {
+		return fmt.Errorf("%s: %w", imagebuild.BuilderGradleName, err)
+	}
 	var lines []string
 	for _, im := range []struct {
 		name string
 		img  v1.Image
-	}{{imagebuild.ControlPlaneName, cp}, {imagebuild.WorkerName, wk}} {
+	}{{imagebuild.ControlPlaneName, cp}, {imagebuild.WorkerName, wk}, {imagebuild.BuilderGradleName, bg}} {
 		r, err := imagebuild.Write(im.img, im.name, c.meta.Version, c.out)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.name, err)
@@ -147,12 +162,14 @@ func run(ctx context.Context, c config) error {
 		fmt.Fprintf(log, "%s: %.1f MB compressed; tarball %s\n", im.name, float64(r.Size)/1e6, r.Tarball)
 		lines = append(lines, r.Line())
 	}
-	pkgs, err := os.ReadFile(filepath.Join(filepath.Dir(base), "packages.txt"))
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(c.out, imagebuild.WorkerName+".packages.txt"), pkgs, 0o644); err != nil {
-		return err
+	for name, b := range map[string]string{imagebuild.WorkerName: base, imagebuild.BuilderGradleName: builderBase} {
+		pkgs, err := os.ReadFile(filepath.Join(filepath.Dir(b), "packages.txt"))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(c.out, name+".packages.txt"), pkgs, 0o644); err != nil {
+			return err
+		}
 	}
 	text := strings.Join(lines, "\n") + "\n"
 	if err := os.WriteFile(filepath.Join(c.out, "images.txt"), []byte(text), 0o644); err != nil {
