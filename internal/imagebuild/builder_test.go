@@ -251,12 +251,12 @@ func TestBuilderGradleImageFitsTheGradleJob(t *testing.T) {
 }
 
 // builtBuilderGradle returns the builder image `make images` built (its
-// line in .cache/images/images.txt) and its OCI layout, or skips t.
+// line in .cache/images/images.txt) and its OCI layout; make test builds it first.
 func builtBuilderGradle(t *testing.T) (v1.Image, string) {
 	t.Helper()
 	list, err := os.ReadFile(filepath.Join(moduleRoot(), ".cache/images/images.txt"))
 	if err != nil {
-		t.Skip("no images built: make images builds them (the builder's Debian base with debootstrap, as root)")
+		t.Fatal("no images built: make images builds them (make test does first; the builder's Debian base with debootstrap, as root)")
 	}
 	for line := range strings.Lines(string(list)) {
 		f := strings.Fields(line)
@@ -269,7 +269,7 @@ func builtBuilderGradle(t *testing.T) (v1.Image, string) {
 		}
 		return layoutImage(t, Result{Digest: d, Layout: f[2]}), f[2]
 	}
-	t.Skip("make images built no " + BuilderGradleName + " (images.txt is older): run it again")
+	t.Fatal("make images built no " + BuilderGradleName + " (images.txt is older): run it again")
 	return nil, ""
 }
 
@@ -292,11 +292,11 @@ func TestBuilderGradleImageRunsAGradleBuild(t *testing.T) {
 	}
 	img, layout := builtBuilderGradle(t)
 	if os.Geteuid() != 0 {
-		t.Skip("not root: cannot chroot into the image to run Gradle")
+		t.Fatal("not root: cannot chroot into the image to run Gradle (make test runs as root)")
 	}
 	for _, tool := range []string{"unshare", "tar", "mount", "chroot", "chown"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("no %s", tool)
+			t.Fatalf("no %s", tool)
 		}
 	}
 	dir := t.TempDir()
