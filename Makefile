@@ -78,11 +78,16 @@ run: tools build
 ## test: every test, with the race detector, against the real CLI, PostgreSQL
 ## and the test cluster (built first by cluster-bins); the chart tests use the
 ## pinned Helms (helm) and the images (images)
-test: tools cluster-bins helm images vet fmt-check
+test: tools cluster-bins helm images vet fmt-check tidy-check
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 vet:
 	$(GO) vet ./...
+
+# go.mod and go.sum say exactly what the code imports (go mod tidy).
+.PHONY: tidy-check
+tidy-check:
+	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod or go.sum is not tidy: run go mod tidy" >&2; $(GO) mod tidy -diff >&2; exit 1; }
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }

@@ -7,6 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 )
 
 // GradleJobBuilder makes the Jobs of Gradle builds and tests.
@@ -75,7 +76,16 @@ func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
 		c.Env = append(c.Env, corev1.EnvVar{Name: "GRADLE_RO_DEP_CACHE", Value: "/gradle-ro-cache"})
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "workspace", MountPath: "/gradle-ro-cache", SubPath: g.ReadOnlyCacheSubPath, ReadOnly: true})
 	}
-	return g.job(r.Request, KindGradle, c, vols, false)
+	// The root file system is read-only: what a build writes goes to the
+	// working tree, its Gradle home or /tmp (an emptyDir).
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})
+	vols = append(vols, corev1.Volume{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	job, err := g.job(r.Request, KindGradle, c, vols, false)
+	if err != nil {
+		return nil, err
+	}
+	job.Spec.Template.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem = ptr.To(true)
+	return job, nil
 }
 
 // gradleArgs are the arguments of the gradle command of s, for every

@@ -35,7 +35,9 @@ type BuildConfig struct {
 	// Mode is "kubernetes" (a Job per build in the worker's namespace,
 	// with the worker's own credentials), "local" (a contained process on
 	// this machine, with Debian's gradle) or "off" [TALKIDE_BUILDS].
-	// Default: kubernetes when Image is set, else local.
+	// Default: kubernetes when Image is set; else off in a pod
+	// (KUBERNETES_SERVICE_HOST set: builds never run inside the worker
+	// pod) and local elsewhere.
 	Mode string
 	// Image is the Gradle builder image of build Jobs, pinned by digest
 	// [TALKIDE_BUILD_IMAGE]; `make images` builds talkide-builder-gradle.
@@ -127,16 +129,24 @@ func newBuilds(c Config, store *sessionstore.Store, jail *sandbox.Jail, kube fun
 	cfg := buildmcp.Config{Tenant: c.Tenant, Env: c.Env, Records: store, Logger: log}
 	b := &builds{}
 	mode := bc.Mode
-	if mode == "" {
+	switch {
+	case mode != "":
+	case bc.Image != "":
+		mode = BuildsKubernetes
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		// In a pod without a builder image: a local Gradle would run inside
+		// the worker pod, which is what build Jobs exist to avoid.
+		mode = BuildsOff
+		cfg.Unavailable = "the operator has configured no builder image for build Jobs (chart value builds.gradleImage, or TALKIDE_BUILD_IMAGE)."
+	default:
 		mode = BuildsLocal
-		if bc.Image != "" {
-			mode = BuildsKubernetes
-		}
 	}
 	workspaces := filepath.Join(c.SessionDir, "workspaces")
 	switch mode {
 	case BuildsOff:
-		cfg.Unavailable = "the operator turned builds off (TALKIDE_BUILDS=off)."
+		if cfg.Unavailable == "" {
+			cfg.Unavailable = "the operator turned builds off (TALKIDE_BUILDS=off)."
+		}
 	case BuildsKubernetes:
 		g := &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: bc.Image, ActiveDeadline: bc.Timeout, NodeSelector: bc.NodeSelector, Tolerations: bc.Tolerations},
 			ReadOnlyCacheSubPath: bc.GradleReadOnlyCache}

@@ -30,6 +30,7 @@ func TestBuildModes(t *testing.T) {
 		kube       func() (kubernetes.Interface, string, error)
 		runner     string
 		why, fails string
+		inPod      bool
 	}{
 		{name: "an image: Jobs", bc: BuildConfig{Image: testBuildImage}, kube: kube, runner: "kubernetes"},
 		{name: "no credentials", bc: BuildConfig{Image: testBuildImage}, kube: noKube, why: "no Kubernetes credentials"},
@@ -37,9 +38,15 @@ func TestBuildModes(t *testing.T) {
 		{name: "a node by name", bc: BuildConfig{Image: testBuildImage, NodeSelector: map[string]string{"kubernetes.io/hostname": "n1"}}, kube: kube, fails: "by name"},
 		{name: "no gradle", bc: BuildConfig{Gradle: "/nonexistent/gradle"}, kube: noKube, why: "apt-get install gradle junit4"},
 		{name: "off", bc: BuildConfig{Mode: BuildsOff}, kube: kube, why: "turned builds off"},
+		{name: "a pod without an image", bc: BuildConfig{}, kube: kube, inPod: true, why: "no builder image"},
 		{name: "unknown", bc: BuildConfig{Mode: "docker"}, kube: kube, fails: "want kubernetes, local or off"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.inPod {
+				t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+			} else {
+				t.Setenv("KUBERNETES_SERVICE_HOST", "")
+			}
 			cfg := Config{Tenant: "acme", Env: "dev", SessionDir: t.TempDir(), Builds: c.bc}
 			b, err := newBuilds(cfg, store, nil, c.kube, slog.Default())
 			if c.fails != "" {
