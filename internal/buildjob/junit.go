@@ -133,7 +133,11 @@ func (r *Results) ParseJUnit(in io.Reader) error {
 	for _, s := range suites {
 		out := Suite{Name: clip(s.Name, 512), Seconds: s.Time}
 		for _, c := range s.Cases {
-			kc := Case{Class: clip(c.Class, 512), Name: clip(c.Name, 512), Seconds: c.Time, Status: CasePassed}
+			keep := r.kept < MaxCases
+			kc := Case{Seconds: c.Time, Status: CasePassed}
+			if keep {
+				kc.Class, kc.Name = clip(c.Class, 512), clip(c.Name, 512)
+			}
 			var f *xmlFault
 			switch {
 			case c.Failure != nil:
@@ -143,7 +147,7 @@ func (r *Results) ParseJUnit(in io.Reader) error {
 			case c.Skipped != nil:
 				kc.Status = CaseSkipped
 			}
-			if f != nil {
+			if f != nil && keep {
 				kc.Type, kc.Message = clip(f.Type, 512), clip(f.Message, MaxMessage)
 				detail := strings.TrimSpace(f.Body)
 				kc.Detail = clip(detail, MaxDetail)
@@ -162,7 +166,7 @@ func (r *Results) ParseJUnit(in io.Reader) error {
 				out.Skipped++
 				r.Skipped++
 			}
-			if r.kept < MaxCases {
+			if keep {
 				out.Cases = append(out.Cases, kc)
 				r.kept++
 			}
@@ -185,13 +189,14 @@ func (r *Results) Failed() []Case {
 	return out
 }
 
-// clip cuts s to at most n bytes on a UTF-8 boundary.
+// clip cuts s to at most n bytes on a UTF-8 boundary, as a copy: a
+// substring would keep the whole of a large report's text alive.
 func clip(s string, n int) string {
 	if len(s) <= n {
-		return s
+		return strings.Clone(s)
 	}
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return s[:n]
+	return strings.Clone(s[:n])
 }

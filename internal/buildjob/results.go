@@ -3,8 +3,10 @@ package buildjob
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/talkide/talkide/internal/agentfs"
 )
@@ -13,6 +15,10 @@ import (
 const (
 	maxTaskDirs    = 64   // directories under build/test-results (one per test task)
 	maxReportFiles = 4096 // report files read in all
+	// MaxReportTotal bounds the bytes of all reports one build's results
+	// read: the worker parses them, and a build could otherwise have it
+	// parse thousands of large files (or one file, hard-linked).
+	MaxReportTotal = 64 << 20
 )
 
 // ReadResults reads a finished build's JUnit reports from the
@@ -45,6 +51,8 @@ func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skippe
 	}
 	slices.Sort(tasks)
 	read := 0
+	var total int64
+	over := false
 	for _, task := range tasks {
 		dir, err := reports.OpenDir(task)
 		if err != nil {
@@ -65,11 +73,25 @@ func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skippe
 				break
 			}
 			read++
-			f, _, err := dir.Open(name, agentfs.Limits{MaxBytes: MaxReportBytes, UID: uid})
+			f, size, err := dir.Open(name, agentfs.Limits{MaxBytes: MaxReportBytes, UID: uid})
 			if err != nil {
 				skipped = append(skipped, task+"/"+name+": "+agentfs.Category(err))
 				continue
 			}
+			if st, ok := statOf(f); !ok || st.Nlink != 1 {
+				// Gradle writes each report once; a file of several names
+				// is one the build linked to be read many times.
+				f.Close()
+				skipped = append(skipped, task+"/"+name+": hard-linked")
+				continue
+			}
+			if total+size > MaxReportTotal {
+				f.Close()
+				skipped = append(skipped, fmt.Sprintf("%s/%s and further reports: over %d MiB of reports in all", task, name, MaxReportTotal>>20))
+				over = true
+				break
+			}
+			total += size
 			err = r.ParseJUnit(f)
 			f.Close()
 			if err != nil {
@@ -77,6 +99,18 @@ func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skippe
 			}
 		}
 		dir.Close()
+		if over {
+			break
+		}
 	}
 	return r, skipped, nil
+}
+
+func statOf(f *os.File) (*syscall.Stat_t, bool) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return st, ok
 }

@@ -2,10 +2,12 @@ package buildjob
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -72,5 +74,55 @@ func TestReadResultsFromTheAgentsTree(t *testing.T) {
 	}
 	if _, _, err := ReadResults(ws, "../etc", agent); err == nil {
 		t.Error("a conversation id with a path was accepted")
+	}
+}
+
+// A build cannot have the worker parse more than MaxReportTotal of
+// reports, nor one report many times through hard links of it (case from
+// the review of issue 14: 64 links of one large report grew the worker's
+// heap by 900 MiB).
+func TestReadResultsBoundsWhatABuildMakesTheWorkerRead(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (as make test runs): files of the agent's uid")
+	}
+	const agent = 20001
+	ws := t.TempDir()
+	conv := "c_bounds"
+	dir := filepath.Join(ws, conv, ReportsDir, "test")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile("testdata/TEST-com.acme.CalculatorTest.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "TEST-a.xml")
+	if err := os.WriteFile(p, report, 0o644); err != nil || os.Chown(p, agent, agent) != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(p, filepath.Join(dir, "TEST-b.xml")); err != nil {
+		t.Fatal(err)
+	}
+	r, skipped, err := ReadResults(ws, conv, agent)
+	if err != nil || r.Tests != 0 || len(skipped) != 2 || !strings.Contains(skipped[0], "hard-linked") {
+		t.Errorf("hard-linked reports: %d tests, skipped %q, %v; want both refused", r.Tests, skipped, err)
+	}
+
+	// Reports over the total: padded to 15 MiB each, five of them.
+	conv = "c_total"
+	dir = filepath.Join(ws, conv, ReportsDir, "test")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	padded := append(append([]byte{}, report...), []byte("<!--"+strings.Repeat("x", 15<<20-len(report)-8)+"-->")...)
+	for i := range 5 {
+		p := filepath.Join(dir, fmt.Sprintf("TEST-%d.xml", i))
+		if err := os.WriteFile(p, padded, 0o644); err != nil || os.Chown(p, agent, agent) != nil {
+			t.Fatal(err)
+		}
+	}
+	r, skipped, err = ReadResults(ws, conv, agent)
+	if err != nil || r.Tests != 4*4 || len(skipped) != 1 || !strings.Contains(skipped[0], "TEST-4.xml and further reports: over 64 MiB") {
+		t.Errorf("over the total: %d tests, skipped %q, %v; want 4 reports read and the fifth refused", r.Tests, skipped, err)
 	}
 }
