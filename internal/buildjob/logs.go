@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"strings"
 	"time"
 
@@ -146,15 +147,25 @@ func terminated(p *corev1.Pod, container string) bool {
 }
 
 // logCursor is where a log stream got to, so that a stream resumed from
-// the last timestamp (SinceTime is inclusive) passes on no line twice.
+// the last timestamp (SinceTime is inclusive) passes on no line twice. It
+// remembers only the lines of one instant (the last one's, and the one a
+// stream resumed at), never the whole log: a build logs as much as it
+// likes.
 type logCursor struct {
-	since   *metav1.Time   // the last line's timestamp
-	seen    map[string]int // lines passed on at the instant since
-	counted map[string]int // lines of the current stream at each key
+	since *metav1.Time   // the last line's timestamp
+	seen  map[string]int // lines passed on at the instant since
+	// resume is the instant the current stream started at, replay the
+	// lines passed on at it before, counted the current stream's lines at
+	// it.
+	resume  *metav1.Time
+	replay  map[string]int
+	counted map[string]int
 }
 
-// restart begins a new stream.
-func (c *logCursor) restart() { c.counted = map[string]int{} }
+// restart begins a new stream (from since).
+func (c *logCursor) restart() {
+	c.resume, c.replay, c.counted = c.since, maps.Clone(c.seen), map[string]int{}
+}
 
 // line takes a timestamped log line ("<RFC3339Nano> <text>") and returns
 // its text, and whether to pass it on: not when an earlier stream passed it
@@ -166,9 +177,11 @@ func (c *logCursor) line(raw string) (string, bool) {
 		return raw, true
 	}
 	key := ts + " " + text
-	c.counted[key]++
-	if c.since != nil && t.Equal(c.since.Time) && c.counted[key] <= c.seen[key] {
-		return "", false
+	if c.resume != nil && t.Equal(c.resume.Time) {
+		c.counted[key]++
+		if c.counted[key] <= c.replay[key] {
+			return "", false
+		}
 	}
 	if c.since == nil || t.After(c.since.Time) {
 		c.since = &metav1.Time{Time: t}
