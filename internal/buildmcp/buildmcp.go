@@ -50,6 +50,7 @@ const ToolName = "mcp__" + ServerName + "__run_build"
 type Records interface {
 	PutBuild(sessionstore.BuildRecord) error
 	RemoveBuild(conv, id string) error
+	HasBuild(conv, id string) (bool, error)
 	ListBuilds() ([]sessionstore.BuildRecord, []string, error)
 }
 

@@ -53,6 +53,36 @@ func (s *Server) Recover(ctx context.Context, deliver Deliverer, jobs JobReconci
 	if detached || s.cfg.Runner == nil {
 		return nil
 	}
+	type key struct{ conv, id string }
+	var errs []error
+	exists := map[key]bool{}
+	if jobs != nil {
+		// The Jobs are listed before the records are read (Reconcile reads
+		// them through expected, once it has the list): a build's record is
+		// written before its Job is made, so a Job listed has its record
+		// read here unless its result was delivered since.
+		var recorded map[key]bool
+		keep, err := jobs.Reconcile(ctx, func(conv, build string) bool {
+			if recorded == nil {
+				recorded = map[key]bool{}
+				recs, _, _ := s.cfg.Records.ListBuilds()
+				for _, r := range recs {
+					recorded[key{r.Conversation, r.ID}] = true
+				}
+			}
+			s.mu.Lock()
+			_, live := s.live[liveKey{conv, build}]
+			s.mu.Unlock()
+			return live || recorded[key{conv, build}]
+		})
+		if err != nil {
+			// Without the list, a Job that exists must not be called lost.
+			return err
+		}
+		for _, e := range keep {
+			exists[key{e.Conversation, e.Build}] = true
+		}
+	}
 	recs, bad, err := s.cfg.Records.ListBuilds()
 	if err != nil {
 		return err
@@ -60,29 +90,17 @@ func (s *Server) Recover(ctx context.Context, deliver Deliverer, jobs JobReconci
 	for _, name := range bad {
 		s.cfg.Logger.Warn("unreadable build record skipped", "file", name)
 	}
-	type key struct{ conv, id string }
-	recorded := map[key]bool{}
-	for _, r := range recs {
-		recorded[key{r.Conversation, r.ID}] = true
-	}
-	var errs []error
-	exists := map[key]bool{}
-	if jobs != nil {
-		keep, err := jobs.Reconcile(ctx, func(conv, build string) bool { return recorded[key{conv, build}] })
-		if err != nil {
-			// Without the list, a Job that exists must not be called lost.
-			return errors.Join(errs...)
-		}
-		for _, e := range keep {
-			exists[key{e.Conversation, e.Build}] = true
-		}
-	}
 	for _, rec := range recs {
 		lk := liveKey{rec.Conversation, rec.ID}
 		s.mu.Lock()
 		_, live := s.live[lk]
 		s.mu.Unlock()
 		if live {
+			continue
+		}
+		// A build that ended since the list: its record went before it
+		// stopped being live, and its result is delivered.
+		if still, err := s.cfg.Records.HasBuild(rec.Conversation, rec.ID); err != nil || !still {
 			continue
 		}
 		emit := func(t contract.EventType, p any) error { return deliver(rec.Conversation, t, p) }

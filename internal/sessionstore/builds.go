@@ -84,6 +84,19 @@ func (s *Store) RemoveBuild(conv, id string) error {
 	return syncDir(s.buildsDir())
 }
 
+// HasBuild reports whether conv's build id is recorded.
+func (s *Store) HasBuild(conv, id string) (bool, error) {
+	p, err := s.buildPath(conv, id)
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // ListBuilds returns every recorded build, of all conversations. A record
 // that cannot be read or names another file than its own is skipped and
 // reported in bad (its file name).
