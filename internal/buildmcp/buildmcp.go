@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -278,15 +279,31 @@ const maxFailedShown = 50
 func completed(id, runner string, rep buildjob.Report, recovered bool) contract.BuildCompleted {
 	out := contract.BuildCompleted{BuildID: id, Runner: runner, Phase: rep.Outcome.Phase, Reason: rep.Outcome.Reason, Message: rep.Outcome.Message,
 		ExitCode: rep.ExitCode, Tests: rep.Results.Tests, Failures: rep.Results.Failures, Errors: rep.Results.Errors, Skipped: rep.Results.Skipped,
-		LogTail: rep.LogTail, DurationMS: rep.DurationMS, Recovered: recovered}
+		DurationMS: rep.DurationMS, Recovered: recovered}
+	for _, l := range rep.LogTail {
+		out.LogTail = append(out.LogTail, clip(l, maxEventText/2))
+	}
 	for i, f := range rep.Results.Failed() {
 		if i == maxFailedShown {
 			break
 		}
-		out.Failed = append(out.Failed, contract.BuildTestFailure{Class: f.Class, Name: f.Name, Status: f.Status, Type: f.Type, Message: f.Message, Detail: f.Detail})
+		out.Failed = append(out.Failed, contract.BuildTestFailure{Class: f.Class, Name: f.Name, Status: f.Status, Type: f.Type,
+			Message: clip(f.Message, maxEventText/2), Detail: clipTrace(f.Detail, maxEventText)})
 	}
 	return out
 }
+
+// Bounds of what a build's result carries: a failure's trace (half as
+// much for its message and a log tail line) in build_completed, which so
+// stays under 100 KiB; the tool result in all, a failure's message and a
+// log line in it (the CLI cuts a tool result of more than about 25,000
+// characters from the middle, and the model then misses the failures).
+const (
+	maxEventText    = 1 << 10
+	maxResultBytes  = 20000
+	maxResultText   = 500
+	maxResultLogTxt = 3000
+)
 
 // toolResult is what the agent reads: a summary first, then each failed
 // test with its message and the start of its trace, then the log's tail.
@@ -295,6 +312,9 @@ func toolResult(d contract.BuildCompleted) *mcp.CallToolResult {
 	switch d.Phase {
 	case buildjob.PhaseSucceeded:
 		fmt.Fprintf(&b, "BUILD SUCCEEDED (exit code %d, %.1f s).", d.ExitCode, float64(d.DurationMS)/1000)
+		if d.Failures+d.Errors > 0 {
+			b.WriteString(" But its test reports hold failures (the build ignores them).")
+		}
 	case buildjob.PhaseCancelled:
 		fmt.Fprintf(&b, "BUILD CANCELLED: %s.", nonEmpty(d.Message, "the turn was interrupted"))
 	default:
@@ -309,47 +329,93 @@ func toolResult(d contract.BuildCompleted) *mcp.CallToolResult {
 	} else if d.Phase != buildjob.PhaseCancelled {
 		b.WriteString("\nNo test reports were found (build/test-results).")
 	}
-	for _, f := range d.Failed {
-		fmt.Fprintf(&b, "\n\n%s %s.%s", strings.ToUpper(f.Status), f.Class, f.Name)
-		if f.Message != "" {
-			fmt.Fprintf(&b, ": %s", f.Message)
-		}
+	// The log's tail, kept within its budget, goes last; the failures
+	// take what is left, and those beyond it are named only.
+	tail := logTail(d.LogTail)
+	for i, f := range d.Failed {
+		msg := f.Message
+		frames := ""
 		if f.Detail != "" {
-			fmt.Fprintf(&b, "\n%s", traceOf(f.Detail, f.Class))
+			first, rest, _ := strings.Cut(strings.TrimSpace(f.Detail), "\n")
+			if msg == "" {
+				msg = first
+			}
+			frames = projectFrames(rest, f.Class)
 		}
+		entry := fmt.Sprintf("\n\n%s %s.%s", strings.ToUpper(f.Status), f.Class, f.Name)
+		if msg != "" {
+			entry += ": " + clip(msg, maxResultText)
+		}
+		if frames != "" {
+			entry += "\n" + frames
+		}
+		if b.Len()+len(entry)+len(tail) > maxResultBytes-500 {
+			names := make([]string, 0, len(d.Failed)-i)
+			for _, g := range d.Failed[i:] {
+				names = append(names, g.Class+"."+g.Name)
+			}
+			fmt.Fprintf(&b, "\n\n%d more failed: %s", len(names), clip(strings.Join(names, ", "), 400))
+			break
+		}
+		b.WriteString(entry)
 	}
-	if len(d.LogTail) > 0 {
-		fmt.Fprintf(&b, "\n\nLast %d lines of the build log:\n%s", len(d.LogTail), strings.Join(d.LogTail, "\n"))
+	if n := d.Failures + d.Errors - len(d.Failed); n > 0 {
+		fmt.Fprintf(&b, "\n\n(%d more failures are in the reports, build/test-results.)", n)
 	}
+	b.WriteString(tail)
 	r := text("%s", b.String())
 	r.IsError = d.Phase != buildjob.PhaseSucceeded
 	return r
 }
 
-// traceOf is the part of a failure's stack trace the agent needs: its
-// first line (the exception and message) and the frames in the test's
-// package, the project's own code (at most 6); all but the first line of
-// the rest (the test framework's and the JVM's frames) are left out. A
-// trace with no such frame keeps its first 8 lines.
-func traceOf(detail, class string) string {
-	lines := strings.Split(strings.TrimSpace(detail), "\n")
+// projectFrames are the frames of a stack trace (without its first
+// line) the agent needs: those in the test's package, the project's own
+// code, and "Caused by" lines, at most 6; the test framework's and the
+// JVM's frames are left out. A trace with no such frame keeps its first 6
+// lines.
+func projectFrames(frames, class string) string {
+	if frames == "" {
+		return ""
+	}
+	lines := strings.Split(frames, "\n")
 	pkg := class
 	if i := strings.LastIndex(class, "."); i > 0 {
 		pkg = class[:i+1]
 	}
-	out := lines[:1]
-	for _, l := range lines[1:] {
-		if len(out) == 7 {
+	var out []string
+	for _, l := range lines {
+		if len(out) == 6 {
 			break
 		}
 		if frame := strings.TrimSpace(l); strings.HasPrefix(frame, "at "+pkg) || strings.HasPrefix(frame, "Caused by:") {
-			out = append(out, l)
+			out = append(out, clip(l, maxResultText))
 		}
 	}
-	if len(out) == 1 && len(lines) > 1 {
-		out = lines[:min(len(lines), 8)]
+	if len(out) == 0 {
+		for _, l := range lines[:min(len(lines), 6)] {
+			out = append(out, clip(l, maxResultText))
+		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// logTail is the tool result's part of the log's tail: its last lines,
+// each cut, within maxResultLogTxt.
+func logTail(lines []string) string {
+	var kept []string
+	size := 0
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := clip(lines[i], maxResultText)
+		if size+len(l)+1 > maxResultLogTxt {
+			break
+		}
+		kept = append([]string{l}, kept...)
+		size += len(l) + 1
+	}
+	if len(kept) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n\nLast %d lines of the build log:\n%s", len(kept), strings.Join(kept, "\n"))
 }
 
 func nonEmpty(s, def string) string {
@@ -369,4 +435,27 @@ func (s *Server) CancelConversation(conv string) {
 			cancel()
 		}
 	}
+}
+
+// clip cuts s to at most n bytes on a UTF-8 boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// clipTrace cuts a stack trace to n bytes, its first line (the exception
+// and its message, which may be long) to half of that: the frames after
+// it say where the test failed.
+func clipTrace(trace string, n int) string {
+	first, rest, ok := strings.Cut(trace, "\n")
+	if !ok {
+		return clip(trace, n)
+	}
+	first = clip(first, n/2)
+	return clip(first+"\n"+rest, n)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -406,5 +408,56 @@ func TestUnavailable(t *testing.T) {
 	text, isErr := call(t, t.Context(), h, "toolu_1", map[string]any{})
 	if !isErr || !strings.Contains(text, "gradle is not installed") || len(ev.got) != 0 {
 		t.Errorf("%v %q %v", isErr, text, ev.got)
+	}
+}
+
+// A build that logs long lines, and fails many tests with long messages,
+// stays within bounds: each event's lines and all of a build's lines in
+// bytes, and the agent's tool result, which names the failures beyond its
+// budget instead of being cut by the CLI (cases from the review of issue
+// 14: 82 MB of event log from one build; a tool result of 107,000
+// characters of which the model saw three failures).
+func TestBuildOutputIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`<testsuite name="com.acme.ListTest">`)
+	for i := range 60 {
+		fmt.Fprintf(&b, `<testcase classname="com.acme.ListTest" name="case%d"><failure message="%s">java.lang.AssertionError: %s
+	at org.junit.Assert.fail(Assert.java:89)
+	at com.acme.ListTest.case%d(ListTest.java:%d)</failure></testcase>`, i, strings.Repeat("m", 1500), strings.Repeat("m", 1500), i, i)
+	}
+	b.WriteString(`</testsuite>`)
+	var res buildjob.Results
+	if err := res.ParseJUnit(strings.NewReader(b.String())); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 20000)
+	r := &fakeRunner{run: func(ctx context.Context, req buildjob.Request, spec buildjob.Spec, h buildjob.Hooks) (buildjob.Report, error) {
+		for range 6000 {
+			h.Line(long)
+		}
+		return buildjob.Report{Outcome: buildjob.Outcome{Phase: buildjob.PhaseFailed, Reason: "ExitCode"}, ExitCode: 1, Results: res,
+			LogTail: slices.Repeat([]string{long}, 40)}, nil
+	}}
+	srv, _ := newServer(t, r)
+	var ev events
+	h, _ := srv.Open(Conversation{ID: "c1", UID: 20001, Emit: ev.emit})
+	defer h.Close()
+	text, _ := call(t, t.Context(), h, "toolu_big", map[string]any{})
+	if len(text) > 20000 || !strings.Contains(text, "FAILED com.acme.ListTest.case0: ") || !strings.Contains(text, "more failed: com.acme.ListTest.case") ||
+		strings.Contains(text, "org.junit.Assert") || !strings.Contains(text, "ListTest.java:0") {
+		t.Errorf("tool result of %d bytes:\n%s", len(text), text[:min(len(text), 3000)])
+	}
+	total, truncated := 0, false
+	for _, e := range append(ev.ofType(contract.EventBuildProgress), ev.ofType(contract.EventBuildCompleted)...) {
+		if len(e.Data) > contract.MaxBuildEventBytes+64<<10 {
+			t.Errorf("a %s event of %d bytes", e.Type, len(e.Data))
+		}
+		total += len(e.Data)
+		var p contract.BuildProgress
+		_ = json.Unmarshal(e.Data, &p)
+		truncated = truncated || p.Truncated
+	}
+	if total > 2*contract.MaxBuildLogBytes+200<<10 || !truncated {
+		t.Errorf("the build's events hold %d bytes (truncated %v)", total, truncated)
 	}
 }

@@ -17,12 +17,14 @@ type emitter struct {
 	id   string
 	emit func(contract.EventType, any) error
 
-	mu      sync.Mutex
-	pending []string // guarded by mu
-	sent    int      // lines sent in all; guarded by mu
-	cut     bool     // the Truncated event was sent; guarded by mu
-	stop    chan struct{}
-	stopped chan struct{}
+	mu           sync.Mutex
+	pending      []string // guarded by mu
+	pendingBytes int      // guarded by mu
+	sent         int      // lines sent in all; guarded by mu
+	sentBytes    int      // their bytes; guarded by mu
+	cut          bool     // the Truncated event was sent; guarded by mu
+	stop         chan struct{}
+	stopped      chan struct{}
 }
 
 func newEmitter(id string, emit func(contract.EventType, any) error, flush time.Duration) *emitter {
@@ -51,7 +53,7 @@ func (e *emitter) flushLocked(p contract.BuildProgress) {
 		return
 	}
 	p.BuildID, p.Lines = e.id, e.pending
-	e.pending = nil
+	e.pending, e.pendingBytes = nil, 0
 	_ = e.emit(contract.EventBuildProgress, p)
 }
 
@@ -68,15 +70,21 @@ func (e *emitter) progress(p buildjob.Progress) {
 func (e *emitter) line(s string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sent >= contract.MaxBuildLogLines {
+	s = clip(s, contract.MaxBuildLineBytes)
+	if e.sent >= contract.MaxBuildLogLines || e.sentBytes+len(s) > contract.MaxBuildLogBytes {
 		if !e.cut {
 			e.cut = true
 			e.flushLocked(contract.BuildProgress{Truncated: true})
 		}
 		return
 	}
+	if e.pendingBytes+len(s) > contract.MaxBuildEventBytes {
+		e.flushLocked(contract.BuildProgress{})
+	}
 	e.pending = append(e.pending, s)
+	e.pendingBytes += len(s)
 	e.sent++
+	e.sentBytes += len(s)
 	if len(e.pending) == contract.MaxBuildLinesPerEvent {
 		e.flushLocked(contract.BuildProgress{})
 	}

@@ -468,10 +468,11 @@ const (
 )
 
 // BuildProgress: a build's state changed, or it logged lines. Lines are
-// batched (at most MaxBuildLinesPerEvent per event, at most about one
-// event a second); a build's events carry at most MaxBuildLogLines lines
-// in all, after which Truncated is set once and the rest is only in the
-// log tail of BuildCompleted.
+// batched (at most MaxBuildLinesPerEvent lines and MaxBuildEventBytes per
+// event, at most about one event a second), each cut at
+// MaxBuildLineBytes; a build's events carry at most MaxBuildLogLines lines
+// and MaxBuildLogBytes in all, after which Truncated is set once and the
+// rest is only in the log tail of BuildCompleted.
 type BuildProgress struct {
 	BuildID string `json:"build_id"`
 	// State is "queued" or "running"; empty when only lines came.
@@ -488,10 +489,15 @@ type BuildProgress struct {
 	Resumed bool `json:"resumed,omitempty"`
 }
 
-// Bounds of the log lines build events carry.
+// Bounds of the log lines build events carry: lines per event and per
+// build, bytes of one line (a longer one is cut), of one event's lines
+// and of a build's lines in all.
 const (
 	MaxBuildLinesPerEvent = 200
 	MaxBuildLogLines      = 5000
+	MaxBuildLineBytes     = 2 << 10
+	MaxBuildEventBytes    = 64 << 10
+	MaxBuildLogBytes      = 1 << 20
 )
 
 // BuildCompleted: a build ended. Phase is "succeeded", "failed" or
