@@ -90,6 +90,8 @@ type Server struct {
 	// detach is closed by Detach; detached guards it; guarded by mu.
 	detach   chan struct{}
 	detached bool
+	// warned are the unreadable records logged already; guarded by mu.
+	warned map[string]bool
 }
 
 // Runner says where builds run ("kubernetes" or "local"), or, when they
@@ -143,7 +145,7 @@ func New(cfg Config) *Server {
 	if cfg.FlushEvery <= 0 {
 		cfg.FlushEvery = time.Second
 	}
-	return &Server{cfg: cfg, live: map[liveKey]context.CancelFunc{}, detach: make(chan struct{})}
+	return &Server{cfg: cfg, live: map[liveKey]context.CancelFunc{}, detach: make(chan struct{}), warned: map[string]bool{}}
 }
 
 // Conversation is the CLI process a session of the server is for.

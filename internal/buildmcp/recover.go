@@ -87,9 +87,14 @@ func (s *Server) Recover(ctx context.Context, deliver Deliverer, jobs JobReconci
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
 	for _, name := range bad {
-		s.cfg.Logger.Warn("unreadable build record skipped", "file", name)
+		if !s.warned[name] {
+			s.warned[name] = true
+			s.cfg.Logger.Warn("unreadable build record skipped (said once)", "file", name)
+		}
 	}
+	s.mu.Unlock()
 	for _, rec := range recs {
 		lk := liveKey{rec.Conversation, rec.ID}
 		s.mu.Lock()
