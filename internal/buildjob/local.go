@@ -325,9 +325,14 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 	if err != nil {
 		return res, fmt.Errorf("make the build's Gradle home: %w", err)
 	}
-	// Fd-based and following no link (os.RemoveAll), though the build's
-	// user wrote in it.
-	defer os.RemoveAll(home)
+	// Descriptor-based, following no link and bounded in descriptors
+	// however deep the build made it (sandbox.RemoveTree), as the build's
+	// user wrote in it; what cannot be removed is logged, not left unsaid.
+	defer func() {
+		if err := sandbox.RemoveTree(home); err != nil {
+			l.Logger.Error("remove the build's Gradle home", "conversation", req.Conversation, "build", req.ID, "dir", home, "err", err)
+		}
+	}()
 	if user != nil {
 		if err := agentfs.ChownDir(home, user.UID, user.GID); err != nil {
 			return res, fmt.Errorf("give the build's Gradle home to its user: %w", err)
