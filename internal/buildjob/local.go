@@ -48,6 +48,13 @@ import (
 // A build never outlives the worker, and a restarted worker does not pick
 // it up again (unlike Jobs, which KubeRunner adopts).
 //
+// Disk: the Gradle home is outside the conversation's directories, which
+// the agent's disk check measures, so a running build is measured itself
+// every DiskCheckEvery (its Gradle home, its working tree and the files its
+// processes deleted but hold open) and killed over DiskLimit (the agents'
+// limit): failed, reason DiskLimit. The Gradle home is removed with
+// sandbox.RemoveTree, however deep the build made it.
+//
 // Stale reports: Gradle leaves a test task's reports in place when the
 // task is up to date, and a build that runs no tests leaves an earlier
 // build's. So the build first removes build/test-results (ReportsDir),
@@ -81,6 +88,18 @@ type LocalRunner struct {
 	// others wait in order. Default 1: a Gradle build is a JVM or two of
 	// hundreds of MB each, beside the agents.
 	MaxConcurrent int
+	// DiskLimit caps the disk a running build takes, in allocated bytes:
+	// its Gradle home (HOME and GRADLE_USER_HOME, under TmpRoot, outside
+	// the conversation's directories the agent's disk check measures), its
+	// working tree, and the files its processes deleted but hold open. It
+	// is measured every DiskCheckEvery; over it the build is killed and
+	// its outcome is failed, reason DiskLimit. Zero: the jail's
+	// Limits.DiskBytes (the agents' limit, TALKIDE_AGENT_DISK), or no limit
+	// without a jail; negative: no limit.
+	DiskLimit int64
+	// DiskCheckEvery is how often a running build's disk use is measured.
+	// Default 2 seconds.
+	DiskCheckEvery time.Duration
 	// Timeout ends a build that runs longer (queueing not counted): it is
 	// killed and its outcome is failed, reason DeadlineExceeded. Default 30
 	// minutes, as Base.ActiveDeadline for a Job.
@@ -125,6 +144,15 @@ func (l *LocalRunner) init() {
 		}
 		if l.Logger == nil {
 			l.Logger = slog.Default()
+		}
+		if l.DiskLimit == 0 && l.Jail != nil {
+			l.DiskLimit = l.Jail.Limits.DiskBytes
+		}
+		if l.DiskLimit < 0 {
+			l.DiskLimit = 0
+		}
+		if l.DiskCheckEvery <= 0 {
+			l.DiskCheckEvery = 2 * time.Second
 		}
 		if l.TmpRoot == "" {
 			l.TmpRoot = os.TempDir()
@@ -218,6 +246,8 @@ func (l *LocalRunner) Run(ctx context.Context, req Request, spec Spec, hooks Hoo
 		o.Phase, o.Reason, o.Message = PhaseCancelled, "Cancelled", "cancelled"
 	case res.timedOut:
 		o.Phase, o.Reason, o.Message = PhaseFailed, "DeadlineExceeded", fmt.Sprintf("the build ran longer than its limit of %v and was stopped", l.Timeout)
+	case res.diskOver != "":
+		o.Phase, o.Reason, o.Message = PhaseFailed, "DiskLimit", res.diskOver
 	case res.exitCode == 0:
 		o.Phase = PhaseSucceeded
 	case res.oomKills > 0:
@@ -309,6 +339,7 @@ type localResult struct {
 	exitCode            int
 	cancelled, timedOut bool
 	oomKills            int64
+	diskOver            string // why the build was killed over its disk limit
 }
 
 // run runs the build's process to its end, passing each line of its
@@ -325,9 +356,14 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 	if err != nil {
 		return res, fmt.Errorf("make the build's Gradle home: %w", err)
 	}
-	// Fd-based and following no link (os.RemoveAll), though the build's
-	// user wrote in it.
-	defer os.RemoveAll(home)
+	// Descriptor-based, following no link and bounded in descriptors
+	// however deep the build made it (sandbox.RemoveTree), as the build's
+	// user wrote in it; what cannot be removed is logged, not left unsaid.
+	defer func() {
+		if err := sandbox.RemoveTree(home); err != nil {
+			l.Logger.Error("remove the build's Gradle home", "conversation", req.Conversation, "build", req.ID, "dir", home, "err", err)
+		}
+	}()
 	if user != nil {
 		if err := agentfs.ChownDir(home, user.UID, user.GID); err != nil {
 			return res, fmt.Errorf("give the build's Gradle home to its user: %w", err)
@@ -410,15 +446,41 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 		defer close(exited)
 		waitExit(cmd.Process.Pid)
 	}()
+	// The build's processes, for the files they deleted but hold open:
+	// its control group, or its process group and marked processes.
+	pids := func() []int {
+		if cell != nil {
+			return cell.Processes()
+		}
+		return groupOrMarked(cmd.Process.Pid, marker)
+	}
+	var diskTick <-chan time.Time
+	if l.DiskLimit > 0 {
+		t := time.NewTicker(l.DiskCheckEvery)
+		defer t.Stop()
+		diskTick = t.C
+	}
 	runCtx, cancel := context.WithTimeout(ctx, l.Timeout)
 	defer cancel()
-	select {
-	case <-exited:
-	case <-runCtx.Done():
-		res.cancelled = ctx.Err() != nil
-		res.timedOut = !res.cancelled
-		kill()
-		<-exited
+wait:
+	for {
+		select {
+		case <-exited:
+			break wait
+		case <-runCtx.Done():
+			res.cancelled = ctx.Err() != nil
+			res.timedOut = !res.cancelled
+			kill()
+			<-exited
+			break wait
+		case <-diskTick:
+			if over := l.overDisk(req, home, tree, pids); over != "" {
+				res.diskOver = over
+				kill()
+				<-exited
+				break wait
+			}
+		}
 	}
 	// Whatever the build left running (a server a test started) ends with
 	// it: its process group and marked processes, or, in a jail, its
@@ -431,7 +493,7 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 	}
 	var exitErr *exec.ExitError
 	switch {
-	case res.cancelled || res.timedOut:
+	case res.cancelled || res.timedOut || res.diskOver != "":
 		// Killed by the runner: no status of its own.
 	case werr == nil:
 		res.exitCode = 0
@@ -450,6 +512,68 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 		<-read
 	}
 	return res, nil
+}
+
+// overDisk measures the disk a running build takes (its Gradle home, its
+// working tree, and what its processes hold open deleted) and, over
+// DiskLimit, says so; "" when within it.
+func (l *LocalRunner) overDisk(req Request, home, tree string, pids func() []int) string {
+	homeUse, err := sandbox.DiskUsage(home)
+	if err != nil {
+		l.Logger.Warn("measure the build's Gradle home", "conversation", req.Conversation, "build", req.ID, "err", err)
+	}
+	treeUse, err := sandbox.DiskUsage(tree)
+	if err != nil {
+		l.Logger.Warn("measure the build's working tree", "conversation", req.Conversation, "build", req.ID, "err", err)
+	}
+	deleted := sandbox.DeletedOpenBytes(pids())
+	used := homeUse + treeUse + deleted
+	if used <= l.DiskLimit {
+		return ""
+	}
+	l.Logger.Warn("build over its disk limit: killed", "conversation", req.Conversation, "build", req.ID,
+		"limit", l.DiskLimit, "gradle_home", homeUse, "working_tree", treeUse, "deleted_open", deleted)
+	return fmt.Sprintf("the build took %d MiB of disk (Gradle home %d MiB, working tree %d MiB, files deleted but held open %d MiB), over the disk limit of %d MiB; the build was stopped",
+		used>>20, homeUse>>20, treeUse>>20, deleted>>20, l.DiskLimit>>20)
+}
+
+// groupOrMarked returns the processes of process group pgid and those
+// whose environment holds the entry marker (see killByEnv).
+func groupOrMarked(pgid int, marker string) []int {
+	want := []byte(marker + "\x00")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if stat, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			// pid (comm) state ppid pgrp …: comm may hold anything, so
+			// the fields are read after its last ')'.
+			if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+				if f := bytes.Fields(stat[i+1:]); len(f) > 2 {
+					if g, err := strconv.Atoi(string(f[2])); err == nil && g == pgid {
+						pids = append(pids, pid)
+						continue
+					}
+				}
+			}
+		}
+		f, err := os.Open("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		env, _ := io.ReadAll(io.LimitReader(f, maxEnviron))
+		f.Close()
+		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // waitExit returns once process pid has exited, without reaping it

@@ -569,3 +569,108 @@ func TestLocalRunnerRefusals(t *testing.T) {
 		t.Errorf("without gradle: %v, want ErrNoGradle saying what to install", err)
 	}
 }
+
+// diskHog is a stand-in for gradle that writes 1 MiB at a time, up to
+// 200 MiB, into its Gradle home ($HOME): as files, or into files it
+// deleted but keeps open (seven of them: in a jail, one file alone cannot
+// grow past the limit, RLIMIT_FSIZE).
+const (
+	diskHogFiles   = `i=0; while [ $i -lt 200 ]; do head -c 1048576 /dev/zero > "$HOME/f$i" || exit 3; i=$((i+1)); sleep 0.01; done; echo wrote-all`
+	diskHogDeleted = `for n in 3 4 5 6 7 8 9; do eval "exec $n>\"\$HOME/h$n\""; rm "$HOME/h$n"; done; ` +
+		`i=0; while [ $i -lt 200 ]; do eval "head -c 1048576 /dev/zero >&$((3 + i % 7))" || exit 3; i=$((i+1)); sleep 0.01; done; echo wrote-all`
+)
+
+// checkDiskLimited checks that a disk hog's build was killed over its
+// limit and left neither processes nor its Gradle home behind.
+func checkDiskLimited(t *testing.T, rep buildjob.Report, log *lines, tmpRoot, want string) {
+	t.Helper()
+	if o := rep.Outcome; o.Phase != buildjob.PhaseFailed || o.Reason != "DiskLimit" || rep.ExitCode != -1 {
+		t.Fatalf("outcome %+v, exit code %d; want failed with DiskLimit, -1\n%s", o, rep.ExitCode, log)
+	}
+	if m := rep.Outcome.Message; !strings.Contains(m, "over the disk limit of 8 MiB") || !strings.Contains(m, want) {
+		t.Errorf("message %q: want it to say what was over the 8 MiB limit (%q)", m, want)
+	}
+	if log.has("wrote-all") {
+		t.Errorf("the build wrote all it meant to")
+	}
+	noBuildProcesses(t, tmpRoot)
+	if homes, _ := filepath.Glob(filepath.Join(tmpRoot, "talkide-gradle-*")); len(homes) != 0 {
+		t.Errorf("Gradle homes left: %v", homes)
+	}
+}
+
+// TestLocalRunnerDiskLimit: a build writing past the disk limit into its
+// Gradle home, outside the conversation's directories, is killed with
+// DiskLimit; so is one hiding what it writes in a deleted file it holds
+// open. Without a jail the limit is DiskLimit; a negative one is none.
+func TestLocalRunnerDiskLimit(t *testing.T) {
+	for _, tc := range []struct{ name, script, want string }{
+		{"files", diskHogFiles, "Gradle home"},
+		{"deleted", diskHogDeleted, "deleted but held open"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, tmpRoot, uid := localSetup(t)
+			const conv = "c_disk"
+			emptyTree(t, ws, conv, uid)
+			lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, tc.script), WorkspaceRoot: ws, TmpRoot: tmpRoot,
+				DiskLimit: 8 << 20, DiskCheckEvery: 100 * time.Millisecond}
+			log := &lines{}
+			rep, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDiskLimited(t, rep, log, tmpRoot, tc.want)
+		})
+	}
+	t.Run("unlimited", func(t *testing.T) {
+		ws, tmpRoot, uid := localSetup(t)
+		emptyTree(t, ws, "c_disk", uid)
+		lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, `head -c 16777216 /dev/zero > "$HOME/f" && echo wrote-all`),
+			WorkspaceRoot: ws, TmpRoot: tmpRoot, DiskLimit: -1, DiskCheckEvery: 10 * time.Millisecond}
+		log := &lines{}
+		rep, err := lr.Run(t.Context(), localRequest("c_disk", uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Outcome.Phase != buildjob.PhaseSucceeded || !log.has("wrote-all") {
+			t.Errorf("outcome %+v: want succeeded without a limit\n%s", rep.Outcome, log)
+		}
+	})
+}
+
+// TestLocalRunnerDiskLimitJailed: in a jail, the limit is the jail's
+// Limits.DiskBytes (the agents').
+func TestLocalRunnerDiskLimitJailed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a jail as an agent uid of its own); CI runs as root")
+	}
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		t.Fatalf("bwrap: %v (make tools installs bubblewrap)", err)
+	}
+	prlimit, _ := exec.LookPath("prlimit")
+	cg, err := sandbox.OpenCgroups("test-" + t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cg.Close)
+	for _, tc := range []struct{ name, script, want string }{
+		{"files", diskHogFiles, "Gradle home"},
+		{"deleted", diskHogDeleted, "deleted but held open"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, tmpRoot, uid := localSetup(t)
+			const conv = "c_disk_jailed"
+			emptyTree(t, ws, conv, uid)
+			lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, tc.script), WorkspaceRoot: ws, TmpRoot: tmpRoot,
+				DiskCheckEvery: 100 * time.Millisecond,
+				Jail:           &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: sandbox.Limits{DiskBytes: 8 << 20}.WithDefaults()}}
+			log := &lines{}
+			rep, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDiskLimited(t, rep, log, tmpRoot, tc.want)
+		})
+	}
+}

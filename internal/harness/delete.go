@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -102,7 +101,8 @@ func (h *Harness) Delete(conv string) (contract.SessionDeleted, error) {
 	if h.cfg.AgentUIDs == nil {
 		var errs []error
 		for _, d := range h.convDirs(conv) {
-			errs = append(errs, os.RemoveAll(d))
+			// Agent-made trees, of any depth: RemoveTree.
+			errs = append(errs, sandbox.RemoveTree(d))
 		}
 		if err := errors.Join(errs...); err != nil {
 			return out, fmt.Errorf("remove the conversation's files: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/agentfs"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 )
 
@@ -163,10 +164,12 @@ func (s *session) recoverLocked() {
 		s.meta.Process = nil
 		changed = true
 	}
-	// The tmp dir's parent is the worker's; os.RemoveAll removes beneath it
+	// The tmp dir's parent is the worker's; RemoveTree removes beneath it
 	// by descriptors (unlinkat, openat O_NOFOLLOW), following no symlink
-	// the agent left inside.
-	_ = os.RemoveAll(s.tmpDir())
+	// the agent left inside, however deep the agent made it.
+	if err := sandbox.RemoveTree(s.tmpDir()); err != nil {
+		s.h.log.Warn("remove the agent's tmp dir", "conversation", s.conv, "err", err)
+	}
 	if t := s.meta.Turn; t != nil && s.continueAfterCrashLocked(t) {
 		s.h.log.Warn("turn cut by a worker crash while waiting for permission; continuing it", "conversation", s.conv, "message", t.ClientMessageID)
 		changed = true

@@ -185,8 +185,10 @@ func (s *session) startLocked() (*process, error) {
 	resume := s.resumeModeLocked()
 	tmp := filepath.Join(cfg.TmpRoot, s.conv)
 	// A clean private tmp dir per process: no stale sockets or files of a
-	// process that died.
-	_ = os.RemoveAll(tmp)
+	// process that died (removed however deep the agent made it).
+	if err := sandbox.RemoveTree(tmp); err != nil {
+		s.h.log.Warn("clear the agent's tmp dir", "conversation", s.conv, "err", err)
+	}
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("create tmp dir: %w", err)
 	}

@@ -184,7 +184,7 @@ func (r UIDRange) Release(owner string, uid uint32, dirs ...string) error {
 	}
 	var errs []error
 	for _, d := range dirs {
-		if err := os.RemoveAll(d); err != nil {
+		if err := RemoveTree(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -448,7 +448,8 @@ func killAllAs(uid uint32) error {
 // uid's with all it holds), descending only into directories uid could
 // write to without owning them (world-writable ones, like /tmp itself):
 // elsewhere Unix permissions kept it from creating anything. Symbolic links
-// are removed themselves, never followed. A missing dir is no error.
+// are removed themselves, never followed; uid's directories go with
+// RemoveTree, whatever their depth. A missing dir is no error.
 func RemoveOwnedBy(dir string, uid uint32) error {
 	st, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -477,7 +478,7 @@ func RemoveOwnedBy(dir string, uid uint32) error {
 		}
 		switch {
 		case sys.Uid == uid:
-			if err := os.RemoveAll(p); err != nil {
+			if err := RemoveTree(p); err != nil {
 				errs = append(errs, err)
 			}
 		case fi.IsDir() && fi.Mode().Perm()&0o002 != 0:

@@ -227,3 +227,67 @@ func TestProcessesOfNeverListsTheCaller(t *testing.T) {
 		t.Error("KillUID(0) must be refused")
 	}
 }
+
+// TestReleaseRemovesDeepTrees: a conversation's directory and a tree of
+// its uid in a shared directory, each 25,000 levels deep, are removed by
+// Release within an open-files limit of 256 (os.RemoveAll needed a
+// descriptor per level, failed, and left the uid claimed).
+func TestReleaseRemovesDeepTrees(t *testing.T) {
+	needRoot(t)
+	const uid = 3_910_011
+	r := UIDRange{First: uid, Count: 1, Dir: filepath.Join(t.TempDir(), "uids")}
+	shared := agentDir(t)
+	r.SweepDirs = []string{shared}
+	if _, err := r.Claim("conv-deep"); err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(agentDir(t), "workspace")
+	for _, top := range []string{own, filepath.Join(shared, "deep")} {
+		if err := os.Mkdir(top, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(top, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := syscall.Open(top, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 25000 {
+			if err := syscall.Mkdirat(fd, "d", 0o700); err != nil {
+				t.Fatalf("level %d: %v", i, err)
+			}
+			next, err := syscall.Openat(fd, "d", syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatalf("level %d: %v", i, err)
+			}
+			syscall.Close(fd)
+			fd = next
+		}
+		syscall.Close(fd)
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Release("conv-deep", uid, own)
+	if rerr := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("Release: %.300v", err)
+	}
+	for _, p := range []string{own, filepath.Join(shared, "deep")} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s survives the release (err %v)", p, err)
+		}
+	}
+	if claims, err := r.Claims(); err != nil || len(claims) != 0 {
+		t.Errorf("claims after the release: %v, %v; want none", claims, err)
+	}
+}

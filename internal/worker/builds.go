@@ -165,7 +165,7 @@ func newBuilds(c Config, store *sessionstore.Store, jail *sandbox.Jail, kube fun
 		b.jobs = d
 		log.Info("builds run as Kubernetes Jobs", "namespace", ns, "image", bc.Image, "max_concurrent", bc.MaxConcurrent)
 	case BuildsLocal:
-		r, err := newLocalRunner(bc, workspaces, jail, log)
+		r, err := newLocalRunner(bc, workspaces, jail, c.AgentLimits.DiskBytes, log)
 		if err != nil {
 			log.Warn("local builds are off", "err", err)
 			cfg.Unavailable = err.Error()
