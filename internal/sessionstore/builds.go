@@ -78,7 +78,9 @@ func (s *Store) RemoveBuild(conv, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(p); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("remove build record: %w", err)
 	}
 	return syncDir(s.buildsDir())
