@@ -2,9 +2,6 @@ package buildjob
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io/fs"
 	"time"
 )
 
@@ -85,7 +82,7 @@ func (k *KubeRunner) Run(ctx context.Context, req Request, spec Spec, hooks Hook
 	}
 	if out.Phase != PhaseCancelled && out.Phase != PhaseDetached {
 		rep.ExitCode = k.exitCode(job.Name)
-		k.results(&rep, req)
+		rep.readResults(k.WorkspaceRoot, req)
 	}
 	return rep, nil
 }
@@ -127,17 +124,4 @@ func (k *KubeRunner) exitCode(job string) int {
 		}
 	}
 	return -1
-}
-
-// results reads the build's JUnit reports into rep; a build that left no
-// reports directory has none.
-func (k *KubeRunner) results(rep *Report, req Request) {
-	r, skipped, err := ReadResults(k.WorkspaceRoot, req.Conversation, int(req.RunAsUser))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", ReportsDir, err))
-	default:
-		rep.Results, rep.Skipped = r, skipped
-	}
 }

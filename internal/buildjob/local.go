@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -260,14 +259,7 @@ func (l *LocalRunner) Run(ctx context.Context, req Request, spec Spec, hooks Hoo
 		o.Phase, o.Reason, o.Message = PhaseFailed, "ExitCode", fmt.Sprintf("gradle exited with status %d", res.exitCode)
 	}
 	if !res.cancelled {
-		r, skipped, err := ReadResults(l.WorkspaceRoot, req.Conversation, int(req.RunAsUser))
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
-			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", ReportsDir, err))
-		default:
-			rep.Results, rep.Skipped = r, skipped
-		}
+		rep.readResults(l.WorkspaceRoot, req)
 	}
 	rep.DurationMS = since(start)
 	l.Logger.Info("build ended", "conversation", req.Conversation, "build", req.ID, "phase", o.Phase, "reason", o.Reason,
@@ -537,8 +529,8 @@ func (l *LocalRunner) overDisk(req Request, home, tree string, pids func() []int
 		used>>20, homeUse>>20, treeUse>>20, deleted>>20, l.DiskLimit>>20)
 }
 
-// groupOrMarked returns the processes of process group pgid and those
-// whose environment holds the entry marker (see killByEnv).
+// groupOrMarked returns the processes of process group pgid (none for
+// -1) and those whose environment holds the entry marker (see killByEnv).
 func groupOrMarked(pgid int, marker string) []int {
 	want := []byte(marker + "\x00")
 	entries, err := os.ReadDir("/proc")
@@ -618,24 +610,7 @@ const maxEnviron = 1 << 20
 // and detached from its process group, however it did (setsid, a double
 // fork), as long as it kept its environment.
 func killByEnv(marker string) {
-	want := []byte(marker + "\x00")
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		f, err := os.Open("/proc/" + e.Name() + "/environ")
-		if err != nil {
-			continue
-		}
-		env, _ := io.ReadAll(io.LimitReader(f, maxEnviron))
-		f.Close()
-		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, pid := range groupOrMarked(-1, marker) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }

@@ -3,6 +3,7 @@ package buildjob
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -113,4 +114,18 @@ func statOf(f *os.File) (*syscall.Stat_t, bool) {
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	return st, ok
+}
+
+// readResults reads the JUnit reports req's build left in its working tree
+// under workspaceRoot into rep; a build that left no reports directory has
+// none, and one that cannot be read is named in rep.Skipped.
+func (rep *Report) readResults(workspaceRoot string, req Request) {
+	r, skipped, err := ReadResults(workspaceRoot, req.Conversation, int(req.RunAsUser))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", ReportsDir, err))
+	default:
+		rep.Results, rep.Skipped = r, skipped
+	}
 }
