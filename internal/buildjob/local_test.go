@@ -346,24 +346,11 @@ func TestLocalRunnerCancelEndsEveryProcess(t *testing.T) {
 // agent uid: same report, reports owned by the agent; a cancelled build
 // leaves nothing running.
 func TestLocalRunnerJailed(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (a jail as an agent uid of its own); CI runs as root")
-	}
-	bwrap, err := exec.LookPath("bwrap")
-	if err != nil {
-		t.Fatalf("bwrap: %v (make tools installs bubblewrap)", err)
-	}
-	prlimit, _ := exec.LookPath("prlimit")
-	cg, err := sandbox.OpenCgroups("test-" + t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cg.Close)
 	ws, tmpRoot, uid := localSetup(t)
 	const conv = "c_jailed"
 	tree := sampleTree(t, ws, conv, uid)
 	lr := &buildjob.LocalRunner{Gradle: realGradle(t), WorkspaceRoot: ws, TmpRoot: tmpRoot,
-		Jail: &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: sandbox.Limits{}.WithDefaults()}}
+		Jail: testJail(t, sandbox.Limits{})}
 	log := &lines{}
 	rep, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"test"}}, buildjob.Hooks{Line: log.add})
 	if err != nil {
@@ -641,8 +628,34 @@ func TestLocalRunnerDiskLimit(t *testing.T) {
 // TestLocalRunnerDiskLimitJailed: in a jail, the limit is the jail's
 // Limits.DiskBytes (the agents').
 func TestLocalRunnerDiskLimitJailed(t *testing.T) {
+	jail := testJail(t, sandbox.Limits{DiskBytes: 8 << 20})
+	for _, tc := range []struct{ name, script, want string }{
+		{"files", diskHogFiles, "Gradle home"},
+		{"deleted", diskHogDeleted, "deleted but held open"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, tmpRoot, uid := localSetup(t)
+			const conv = "c_disk_jailed"
+			emptyTree(t, ws, conv, uid)
+			lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, tc.script), WorkspaceRoot: ws, TmpRoot: tmpRoot,
+				DiskCheckEvery: 100 * time.Millisecond,
+				Jail:           jail}
+			log := &lines{}
+			rep, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDiskLimited(t, rep, log, tmpRoot, tc.want)
+		})
+	}
+}
+
+// testJail is a jail like the agents' with limits l (defaults for the
+// rest), for a test run as root, as make test runs.
+func testJail(t *testing.T, l sandbox.Limits) *sandbox.Jail {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (a jail as an agent uid of its own); CI runs as root")
+		t.Fatal("needs root (a jail as an agent uid of its own), as make test runs")
 	}
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
@@ -654,23 +667,5 @@ func TestLocalRunnerDiskLimitJailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cg.Close)
-	for _, tc := range []struct{ name, script, want string }{
-		{"files", diskHogFiles, "Gradle home"},
-		{"deleted", diskHogDeleted, "deleted but held open"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ws, tmpRoot, uid := localSetup(t)
-			const conv = "c_disk_jailed"
-			emptyTree(t, ws, conv, uid)
-			lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, tc.script), WorkspaceRoot: ws, TmpRoot: tmpRoot,
-				DiskCheckEvery: 100 * time.Millisecond,
-				Jail:           &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: sandbox.Limits{DiskBytes: 8 << 20}.WithDefaults()}}
-			log := &lines{}
-			rep, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add})
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkDiskLimited(t, rep, log, tmpRoot, tc.want)
-		})
-	}
+	return &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults()}
 }
