@@ -29,11 +29,15 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		heartbeat: 15 * time.Second,
 		draining:  make(chan struct{}),
 		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
+		budget:    spend.budget,
 	}
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
+	s.mux.Handle("GET /api/me", h(s.me))
 	s.mux.Handle("POST /api/conversations", h(s.createConversation))
+	s.mux.Handle("GET /api/conversations", h(s.listConversations))
 	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
+	s.mux.Handle("PATCH /api/conversations/{id}", h(s.renameConversation))
 	s.mux.Handle("DELETE /api/conversations/{id}", h(s.deleteConversation))
 	s.mux.Handle("POST /api/conversations/{id}/messages", h(s.sendMessage))
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
