@@ -161,6 +161,50 @@ export async function api(method, p, body, { allowError = false } = {}) {
 export const createConversation = (extra = {}) => api("POST", "/api/conversations", { tenant: TENANT, env: ENV, ...extra });
 
 /**
+ * Reads a conversation's event stream through the API (not the page) from
+ * after `after` until match(event) holds; returns {event, events}. An event
+ * is {id, type, conversation_id, time, data}. For set-up and timing
+ * ("kill the worker once the turn has started"), not for what the page shows.
+ */
+export async function waitForEvent(conversationId, match, { after = 0, timeout = TIMEOUT } = {}) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeout);
+  const events = [];
+  try {
+    const resp = await fetch(`${APP_URL}/api/conversations/${conversationId}/stream`, {
+      headers: { Authorization: `Bearer ${TOKEN}`, "Last-Event-ID": String(after) },
+      signal: ctl.signal,
+    });
+    if (resp.status !== 200) throw new Error(`stream of ${conversationId}: status ${resp.status}`);
+    const decoder = new TextDecoder();
+    let buf = "";
+    for await (const chunk of resp.body) {
+      buf += decoder.decode(chunk, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+        if (!data) continue;
+        const ev = JSON.parse(data);
+        events.push(ev);
+        if (match(ev)) return { event: ev, events };
+      }
+    }
+    throw new Error(`stream of ${conversationId} ended; events: ${events.map((e) => `${e.id}:${e.type}`).join(" ")}`);
+  } catch (e) {
+    if (ctl.signal.aborted) throw new Error(`no matching event within ${timeout} ms; events: ${events.map((e) => `${e.id}:${e.type}`).join(" ")}`);
+    throw e;
+  } finally {
+    clearTimeout(timer);
+    ctl.abort();
+  }
+}
+
+/** Matches the end of a turn (turn_completed or turn_failed). */
+export const turnEnd = (ev) => ev.type === "turn_completed" || ev.type === "turn_failed";
+
+/**
  * Polls fn until it returns a truthy value (returned) or timeout passes
  * (throws with message). For conditions Playwright's locators cannot wait
  * for (API state, counts).

@@ -2,7 +2,7 @@
 // console error, on a desktop and on a phone-sized screen.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { APP_URL, newPage, shot, control } from "./harness.mjs";
+import { APP_URL, TOKEN, newPage, shot, control, signIn } from "./harness.mjs";
 
 const CSP =
   "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
@@ -54,5 +54,20 @@ test("hashed assets are cached for good and unknown ones are 404", async () => {
   const missing = await fetch(APP_URL + "/assets/app-NOTTHERE.js");
   assert.equal(missing.status, 404);
   assert.equal((await missing.json()).error.type, "not_found");
+  await page.context().close();
+});
+
+test("a #token link never leaves the page: no Referer, no token in any URL", async () => {
+  const page = await newPage();
+  const requests = [];
+  page.on("request", (r) => requests.push(r));
+  await signIn(page, "/?c=conv_none");
+  await page.waitForLoadState("networkidle");
+  assert.ok(requests.length >= 2, "the page made no request beyond itself");
+  for (const r of requests) {
+    assert.ok(!r.url().includes(TOKEN), `the token is in a URL: ${r.url()}`);
+    const referer = (await r.allHeaders())["referer"];
+    assert.equal(referer, undefined, `${r.url()} was sent Referer ${referer}`);
+  }
   await page.context().close();
 });
