@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,11 +11,9 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/webui"
 	"github.com/talkide/talkide/internal/workerclient"
 )
-
-//go:embed page.html
-var page []byte
 
 // NewServer assembles the control plane over db, with the gateway-proxy,
 // budget and metrics of spend (see newSpendParts). cfg must have passed
@@ -58,11 +55,10 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
 	s.registerWorkersAPI()
-	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
-		w.Write(page)
-	})
+	// The browser UI (internal/webui): the page and its hashed assets.
+	ui := webui.Handler(s.log)
+	s.mux.Handle("GET /{$}", ui)
+	s.mux.Handle("GET "+webui.AssetsPrefix, ui)
 	s.handler = httpapi.Routes(s.mux, s.log)
 	return s, m
 }
