@@ -276,7 +276,13 @@ type refusal struct {
 // ServeHTTP handles one call.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	reqID := gatewayRequestID()
+	// The caller's id (the worker's local proxy sends its own, kept by
+	// the control plane's request-id middleware) names the call in both
+	// processes' logs; a call that came without one gets a gateway id.
+	reqID := httpapi.RequestID(r.Context())
+	if reqID == "" {
+		reqID = gatewayRequestID()
+	}
 	apiPath := strings.TrimPrefix(r.URL.Path, contract.PathGatewayPrefix)
 	c, ref := h.admit(w, r, apiPath, reqID, start)
 	if ref != nil {
