@@ -60,6 +60,7 @@ gradle:
 # the CLI under everyone who shares it.
 $(CLAUDE_STAMP):
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
+	@echo "installing the pinned Claude Code CLI $(CLAUDE_CODE_VERSION) from npm into .tools/ (about a minute, once per version)"
 	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
 	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
 		--prefix $(CLAUDE_DIR) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
@@ -69,6 +70,7 @@ $(CLAUDE_STAMP):
 
 ## build: compile every binary into bin/
 build:
+	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: the first build downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores (later builds take seconds)"
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## run: the whole platform on this machine (control plane, one worker, dev upstream)
@@ -79,7 +81,11 @@ run: tools build
 ## and the test cluster (built first by cluster-bins); the chart tests use the
 ## pinned Helms (helm) and the images (images)
 test: tools cluster-bins helm images vet fmt-check tidy-check
+	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
+	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
+	@echo "go test -race ./...: about 15 minutes on 2 cores (longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
+	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
 vet:
 	$(GO) vet ./...
@@ -99,7 +105,7 @@ helm: $(HELM) $(HELM3)
 
 # The version is in the path: a new pin builds anew, the old one is left.
 $(CURDIR)/.cache/tools/helm-%/helm:
-	@echo "building helm $* from the Go module proxy (a few minutes the first time; cached in $(@D))"
+	@echo "building helm $* from the Go module proxy into $(@D): 2.5 to 3.5 minutes, once per pinned version"
 	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
@@ -111,6 +117,7 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 ## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
 .PHONY: images
 images: tools
+	@echo "building the three container images into .cache/images/ (about a minute; the first time also the Debian bases of the worker and the Gradle builder with debootstrap, 2 to 3 minutes each)"
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
@@ -119,6 +126,7 @@ images: tools
 cluster-bins: $(K8S_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
+	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 20 to 45 minutes on 2 cores with an empty Go build cache, about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
