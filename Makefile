@@ -148,7 +148,7 @@ chaos: tools
 		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'
 
 ## bench-gateway: what the gateway-proxy adds in latency and throughput, direct vs
-## through it, on SQLite and PostgreSQL (README "Benchmark"); BENCH_FLAGS=-h lists options
+## through it, on SQLite and PostgreSQL (docs/benchmarks.md); BENCH_FLAGS=-h lists options
 .PHONY: bench-gateway
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
@@ -160,7 +160,7 @@ bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
 
 ## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
-## stand-in agents, per-turn overhead against the direct CLI (README
+## stand-in agents, per-turn overhead against the direct CLI (docs/benchmarks.md,
 ## "bench-worker"; needs root, bwrap and the pinned CLI of `make tools`; about
 ## 8 minutes). Not `tools` as a prerequisite: a worktree's fresh version.txt
 ## would look newer than a shared .tools/ and reinstall the CLI under others.
