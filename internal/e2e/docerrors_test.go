@@ -44,8 +44,9 @@ var notProbed = map[string]map[string]string{
 		"503": "the worker unreachable or at one of its limits, the control plane at its stream or connection cap or shutting down: internal/controlplane TestStreamThatCannotReachItsWorkerIsAnError and its limits and shutdown tests, internal/worker TestAdmissionRefusesNearTheLimits",
 	},
 	"docs/worker-api.md": {
-		"500": "a state file or the event log cannot be written, or a deleted conversation's files cannot be removed; nothing from outside causes one",
-		"503": "the worker at one of its limits or shutting down: internal/worker TestAdmissionRefusesNearTheLimits, TestExhaustionErrorsAreRefusals and the shutdown tests",
+		"500":              "a state file or the event log cannot be written, or a deleted conversation's files cannot be removed; nothing from outside causes one",
+		"503":              "the worker at one of its limits or shutting down: internal/worker TestAdmissionRefusesNearTheLimits, TestExhaustionErrorsAreRefusals and the shutdown tests",
+		"GET /metrics 403": "a worker without TALKIDE_METRICS_TOKEN: internal/worker TestWorkerMetricsNeedAToken (this worker has one, to probe the 401)",
 	},
 }
 
@@ -253,7 +254,6 @@ func TestDocumentedErrors(t *testing.T) {
 		{"", "unknown endpoint", 404, w("GET", "/v1/nothing", "")},
 		{"", "known path, another method", 405, w("PUT", wc+"/messages", `{}`)},
 	}
-	notProbed["docs/worker-api.md"]["GET /metrics 403"] = "a worker without TALKIDE_METRICS_TOKEN: internal/worker's metrics tests (this worker has one, to probe 401)"
 
 	// The worker's first: the browser's last probe deletes conv.
 	checkDocumentedErrors(t, "docs/worker-api.md", workerProbes)
