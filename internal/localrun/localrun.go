@@ -333,6 +333,9 @@ func issueIdentity(ctx context.Context, dbPath string, master token.MasterKey, t
 	return mint.New(db, master, slog.New(slog.DiscardHandler)).IssueIdentity(ctx, tenant, env, 0)
 }
 
+// slowStartReports are when waitHealthy reports a start that takes long.
+var slowStartReports = []time.Duration{10 * time.Second, 30 * time.Second, 60 * time.Second}
+
 // waitHealthy polls url until it answers 200. It gives up early when a
 // process keeps dying before the platform is up, naming it and quoting the
 // end of its log. A start that takes long is reported to progress (when
@@ -343,7 +346,7 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 	defer cancel()
 	var last error
 	start := time.Now()
-	reports := []time.Duration{10 * time.Second, 30 * time.Second, 60 * time.Second}
+	reports := slices.Clone(slowStartReports)
 	ownUpstream := slices.ContainsFunc(procs, func(p *proc) bool { return p.name == "devupstream" })
 	for {
 		for _, p := range procs {

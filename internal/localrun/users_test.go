@@ -5,11 +5,13 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
 )
@@ -116,5 +118,35 @@ func TestUserAddWhileRunning(t *testing.T) {
 	_, errOut, err = talkide(t.TempDir(), "user", "add", "carol")
 	if err == nil || !strings.Contains(errOut, "make run") || !strings.Contains(errOut, "TALKIDE_STATE_DIR") {
 		t.Errorf("user add without a run's state dir: err %v, stderr %q; want a refusal saying make run and TALKIDE_STATE_DIR", err, errOut)
+	}
+}
+
+// TestSlowStartIsReported: a platform that takes long to become healthy is
+// reported with what healthz says, at each of slowStartReports; a quick one
+// is not reported at all.
+func TestSlowStartIsReported(t *testing.T) {
+	defer func(r []time.Duration) { slowStartReports = r }(slowStartReports)
+	slowStartReports = []time.Duration{300 * time.Millisecond, 600 * time.Millisecond}
+	healthyAt := time.Now().Add(time.Second)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if time.Now().Before(healthyAt) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"error":{"type":"unavailable","message":"worker demo/dev is not ready"}}`)
+			return
+		}
+		io.WriteString(w, `{"status":"ok"}`)
+	}))
+	defer srv.Close()
+	var got []string
+	progress := func(waited time.Duration, last error) { got = append(got, last.Error()) }
+	if err := waitHealthy(t.Context(), srv.URL, 30*time.Second, nil, progress); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !strings.Contains(got[0], "worker demo/dev is not ready") {
+		t.Errorf("reports %q, want two quoting healthz", got)
+	}
+	got = nil
+	if err := waitHealthy(t.Context(), srv.URL, 30*time.Second, nil, progress); err != nil || len(got) != 0 {
+		t.Errorf("a quick start: %v, reports %q; want none", err, got)
 	}
 }
