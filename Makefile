@@ -70,7 +70,7 @@ $(CLAUDE_STAMP):
 
 ## build: compile every binary into bin/
 build:
-	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: the first build downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores (later builds take seconds)"
+	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: on a machine whose Go caches are empty this downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores; later builds take seconds"
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## run: the whole platform on this machine (control plane, one worker, dev upstream)

@@ -266,9 +266,20 @@ Try it from a shell:
   curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
 
 Stop with Ctrl-C.
-`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote, filepath.Join(cfg.BinDir, "talkide"))
+`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote, addUserCommand(cfg.StateDir, cfg.BinDir))
 	<-done
 	return nil
+}
+
+// addUserCommand is the command line that adds a user to this run: with
+// the state dir named when it is not the default (user add would not find
+// it otherwise).
+func addUserCommand(state, binDir string) string {
+	cmd := filepath.Join(binDir, "talkide") + " user add NAME"
+	if def, err := filepath.Abs(".talkide"); err != nil || def != state {
+		cmd = "TALKIDE_STATE_DIR=" + state + " " + cmd
+	}
+	return cmd
 }
 
 func freeAddr() (string, error) {

@@ -71,6 +71,9 @@ func TestUserAddWhileRunning(t *testing.T) {
 	if want := "http://" + r.addr + "/"; url != want {
 		t.Errorf("URL %s, want the run's %s", url, want)
 	}
+	if !strings.Contains(r.out.String(), "TALKIDE_STATE_DIR="+r.state+" "+filepath.Join(r.bin, "talkide")+" user add NAME") {
+		t.Errorf("the banner does not say how to add a user to this run (its state dir is not the default):\n%s", r.out.String())
+	}
 	if alice == r.tok {
 		t.Fatal("alice got the dev user's token")
 	}
