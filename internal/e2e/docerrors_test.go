@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,8 @@ var notProbed = map[string]map[string]string{
 	"docs/browser-api.md": {
 		"500": "an unexpected failure (the database fails); nothing from outside causes one",
 		"502": "the worker answers 5xx or refuses the control plane's own credentials: internal/controlplane's worker error tests, TestUnreachableUpstreamEndsTheTurnAtOnce (its turn)",
-		"503": "the worker unreachable or at one of its limits, the control plane at its stream or connection cap or shutting down: internal/controlplane TestStreamThatCannotReachItsWorkerIsAnError and its limits and shutdown tests, internal/worker TestAdmissionRefusesNearTheLimits",
+		// The worker unreachable is probed (the last probes stop it).
+		"GET /api/conversations/{id}/stream 503": "the control plane at its stream cap, out of open files or shutting down (an unreachable worker keeps the stream open and reconnects): internal/controlplane TestStreamThatCannotReachItsWorkerIsAnError and its limits and shutdown tests",
 	},
 	"docs/worker-api.md": {
 		"500":              "a state file or the event log cannot be written, or a deleted conversation's files cannot be removed; nothing from outside causes one",
@@ -70,6 +72,7 @@ func TestDocumentedErrors(t *testing.T) {
 		},
 	})
 	conv := p.NewConversation()
+	conv2 := p.NewConversation() // for the probes with the worker gone
 	p.AddUser("mallory", "tk_mallory", [2]string{"other", "dev"})
 	p.AddUser("quota", "tk_quota", [2]string{"demo", "dev"})
 	const json = "application/json"
@@ -160,6 +163,46 @@ func TestDocumentedErrors(t *testing.T) {
 			return p.DoAs(me, "DELETE", convPath, "", "")
 		}},
 	}
+
+	// The worker gone: the 503 of every endpoint that needs it. The
+	// control plane retries some for 15 s, so they run at once, the first
+	// time one of them is asked for.
+	var down sync.Once
+	downResults := map[string]chan [2]any{}
+	downReqs := []struct{ key, method, path, ct, body string }{
+		{"create", "POST", "/api/conversations", json, demo},
+		{"get", "GET", "/api/conversations/" + conv2, "", ""},
+		{"delete", "DELETE", "/api/conversations/" + conv2, "", ""},
+		{"messages", "POST", "/api/conversations/" + conv2 + "/messages", json, `{"text":"hi"}`},
+		{"interrupt", "POST", "/api/conversations/" + conv2 + "/interrupt", "", ""},
+		{"permission", "POST", "/api/conversations/" + conv2 + "/permissions/some-request", json, `{"behavior":"allow"}`},
+	}
+	for _, r := range downReqs {
+		downResults[r.key] = make(chan [2]any, 1)
+	}
+	workerGone := func(key string) func() (int, contract.ErrorBody) {
+		return func() (int, contract.ErrorBody) {
+			down.Do(func() {
+				p.StopWorker()
+				for _, r := range downReqs {
+					go func() {
+						st, eb := p.DoAs(me, r.method, r.path, r.ct, r.body)
+						downResults[r.key] <- [2]any{st, eb}
+					}()
+				}
+			})
+			r := <-downResults[key]
+			return r[0].(int), r[1].(contract.ErrorBody)
+		}
+	}
+	browserProbes = append(browserProbes,
+		probe{create, "worker unreachable", 503, workerGone("create")},
+		probe{get, "worker unreachable", 503, workerGone("get")},
+		probe{del, "worker unreachable", 503, workerGone("delete")},
+		probe{messages, "worker unreachable", 503, workerGone("messages")},
+		probe{intr, "worker unreachable", 503, workerGone("interrupt")},
+		probe{perm, "worker unreachable", 503, workerGone("permission")},
+	)
 
 	// The worker, called as the control plane does: signed request tokens.
 	signer := token.NewSigner(token.PurposeWorkerRequest, p.Master.Derive(token.PurposeWorkerRequest, p.Tenant, p.Env))
