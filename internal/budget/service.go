@@ -85,6 +85,20 @@ func (k PeriodKind) Key(t time.Time) string {
 	return t.Format("2006-01")
 }
 
+// End returns when the period that contains t ends (the next one starts),
+// in UTC: the next day, Monday or first of the month at 00:00.
+func (k PeriodKind) End(t time.Time) time.Time {
+	t = t.UTC()
+	day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	switch k {
+	case Daily:
+		return day.AddDate(0, 0, 1)
+	case Weekly:
+		return day.AddDate(0, 0, 7-(int(day.Weekday())+6)%7)
+	}
+	return time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, time.UTC)
+}
+
 // ParsePeriodKind parses "month", "week" or "day" ("" is month).
 func ParsePeriodKind(s string) (PeriodKind, error) {
 	switch PeriodKind(s) {

@@ -204,6 +204,12 @@ var browserSchemas = []mirrored{
 var browserStructs = map[string]string{
 	"createConversationRequest": "CreateConversationRequest",
 	"conversationResponse":      "Conversation",
+	"conversationJSON":          "ConversationSummary",
+	"conversationList":          "ConversationList",
+	"renameRequest":             "RenameConversationRequest",
+	"meResponse":                "Me",
+	"grantJSON":                 "Grant",
+	"spendJSON":                 "Spend",
 	"sendMessageRequest":        "PostMessageRequest",
 }
 
@@ -1018,6 +1024,7 @@ func routeArg(e ast.Expr) (string, bool) {
 func structTagsIn(t *testing.T, dir string) map[string]map[string]bool {
 	t.Helper()
 	out := map[string]map[string]bool{}
+	embeds := map[string][]string{} // struct -> structs of the package it embeds
 	for _, f := range parsePackage(t, dir) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			ts, ok := n.(*ast.TypeSpec)
@@ -1030,6 +1037,10 @@ func structTagsIn(t *testing.T, dir string) map[string]map[string]bool {
 			}
 			fields := map[string]bool{}
 			for _, fl := range st.Fields.List {
+				if id, ok := fl.Type.(*ast.Ident); ok && len(fl.Names) == 0 && fl.Tag == nil {
+					embeds[ts.Name.Name] = append(embeds[ts.Name.Name], id.Name) // its fields are merged below
+					continue
+				}
 				name := ""
 				if fl.Tag != nil {
 					tag, _ := strconv.Unquote(fl.Tag.Value)
@@ -1052,6 +1063,15 @@ func structTagsIn(t *testing.T, dir string) map[string]map[string]bool {
 			out[ts.Name.Name] = fields
 			return true
 		})
+	}
+	// An embedded struct's JSON fields are the embedding struct's too (one
+	// level deep is all the package uses).
+	for name, es := range embeds {
+		for _, e := range es {
+			for f := range out[e] {
+				out[name][f] = true
+			}
+		}
 	}
 	return out
 }

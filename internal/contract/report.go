@@ -162,6 +162,10 @@ type ActivityReport struct {
 	Type EventType `json:"type"`
 	// Summary is at most MaxSummary bytes.
 	Summary string `json:"summary"`
+	// Ref is what the event is about, when it names something a later
+	// event settles: the request id of permission_requested and
+	// permission_resolved, the build id of build events; at most 200 bytes.
+	Ref string `json:"ref,omitempty"`
 }
 
 // Validate checks r as the control plane does.
@@ -174,6 +178,9 @@ func (r *ActivityReport) Validate() error {
 	}
 	if len(r.Summary) > MaxSummary || !utf8.ValidString(r.Summary) {
 		return fmt.Errorf("%w: summary must be UTF-8 of at most %d bytes", ErrInvalidReport, MaxSummary)
+	}
+	if len(r.Ref) > 200 || !utf8.ValidString(r.Ref) {
+		return fmt.Errorf("%w: ref must be UTF-8 of at most 200 bytes", ErrInvalidReport)
 	}
 	return nil
 }

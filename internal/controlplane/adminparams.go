@@ -106,6 +106,22 @@ func checkPeriod(k budget.PeriodKind, p string) error {
 	return nil
 }
 
+// periodStart returns the first instant of period p of kind k (p must have
+// passed checkPeriod).
+func periodStart(k budget.PeriodKind, p string) time.Time {
+	switch k {
+	case budget.Daily:
+		t, _ := time.Parse(time.DateOnly, p)
+		return t
+	case budget.Weekly:
+		var y, w int
+		fmt.Sscanf(p, "%4d-W%2d", &y, &w)
+		return isoWeekMonday(y, w)
+	}
+	t, _ := time.Parse("2006-01", p)
+	return t
+}
+
 // isoWeekMonday returns the Monday of ISO week w of year y (week 1 holds
 // January 4th). A week past the year's last one falls in the next year.
 func isoWeekMonday(y, w int) time.Time {

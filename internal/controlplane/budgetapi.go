@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -97,6 +98,9 @@ type budgetAPI struct {
 	auth   func(httpapi.HandlerFunc) httpapi.HandlerFunc
 }
 
+// periodEnd is when period p ends.
+func (a *budgetAPI) periodEnd(p string) time.Time { return a.period.End(periodStart(a.period, p)) }
+
 // adminAuth guards an operator API with the admin token (Authorization:
 // Bearer <TALKIDE_ADMIN_TOKEN>): 403 when no token is configured, 401 for
 // a missing or wrong one.
@@ -136,6 +140,15 @@ type spendJSON struct {
 	ReservedUSD      string `json:"reserved_usd"`
 	RemainingNanoUSD int64  `json:"remaining_nano_usd"`
 	RemainingUSD     string `json:"remaining_usd"`
+	// ResetsAt is when the period ends and spending starts again from 0.
+	ResetsAt time.Time `json:"resets_at"`
+}
+
+func toSpendJSON(sp budget.Spend, tenant string, resets time.Time) spendJSON {
+	return spendJSON{User: sp.UserID, Tenant: tenant, Period: sp.Period, LimitSource: string(sp.LimitSource),
+		LimitNanoUSD: sp.Limit, LimitUSD: budget.FormatUSD(sp.Limit), SpentNanoUSD: sp.Spent, SpentUSD: budget.FormatUSD(sp.Spent),
+		ReservedNanoUSD: sp.Reserved, ReservedUSD: budget.FormatUSD(sp.Reserved),
+		RemainingNanoUSD: sp.Remaining(), RemainingUSD: budget.FormatUSD(sp.Remaining()), ResetsAt: resets}
 }
 
 func (a *budgetAPI) spend(r *http.Request, user string) (spendJSON, error) {
@@ -161,10 +174,8 @@ func (a *budgetAPI) spend(r *http.Request, user string) (spendJSON, error) {
 	if err != nil {
 		return spendJSON{}, err
 	}
-	return spendJSON{User: user, Tenant: tenant, Period: sp.Period, LimitSource: string(sp.LimitSource),
-		LimitNanoUSD: sp.Limit, LimitUSD: budget.FormatUSD(sp.Limit), SpentNanoUSD: sp.Spent, SpentUSD: budget.FormatUSD(sp.Spent),
-		ReservedNanoUSD: sp.Reserved, ReservedUSD: budget.FormatUSD(sp.Reserved),
-		RemainingNanoUSD: sp.Remaining(), RemainingUSD: budget.FormatUSD(sp.Remaining())}, nil
+	sp.UserID = user
+	return toSpendJSON(sp, tenant, a.periodEnd(sp.Period)), nil
 }
 
 func (a *budgetAPI) getUser(w http.ResponseWriter, r *http.Request) error {

@@ -87,8 +87,14 @@ func (f *cpFixture) do(t *testing.T, method, path, auth, body string) (int, []by
 // modelCall makes one gateway call for user through the control plane.
 func (f *cpFixture) modelCall(t *testing.T, user string) int {
 	t.Helper()
+	return f.modelCallIn(t, user, "conv-1")
+}
+
+// modelCallIn makes one gateway call for user in conversation conv.
+func (f *cpFixture) modelCallIn(t *testing.T, user, conv string) int {
+	t.Helper()
 	tok, err := token.NewSigner(token.PurposeGateway, f.master.Derive(token.PurposeGateway, "", "")).
-		Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: "conv-1", User: user}, token.WorkerTokenTTL)
+		Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: conv, User: user}, token.WorkerTokenTTL)
 	if err != nil {
 		t.Fatal(err)
 	}

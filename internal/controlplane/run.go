@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,11 +11,9 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/webui"
 	"github.com/talkide/talkide/internal/workerclient"
 )
-
-//go:embed page.html
-var page []byte
 
 // NewServer assembles the control plane over db, with the gateway-proxy,
 // budget and metrics of spend (see newSpendParts). cfg must have passed
@@ -29,11 +26,15 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		heartbeat: 15 * time.Second,
 		draining:  make(chan struct{}),
 		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
+		budget:    spend.budget,
 	}
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
+	s.mux.Handle("GET /api/me", h(s.me))
 	s.mux.Handle("POST /api/conversations", h(s.createConversation))
+	s.mux.Handle("GET /api/conversations", h(s.listConversations))
 	s.mux.Handle("GET /api/conversations/{id}", h(s.getConversation))
+	s.mux.Handle("PATCH /api/conversations/{id}", h(s.renameConversation))
 	s.mux.Handle("DELETE /api/conversations/{id}", h(s.deleteConversation))
 	s.mux.Handle("POST /api/conversations/{id}/messages", h(s.sendMessage))
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
@@ -54,11 +55,10 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
 	s.registerWorkersAPI()
-	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
-		w.Write(page)
-	})
+	// The browser UI (internal/webui): the page and its hashed assets.
+	ui := webui.Handler(s.log)
+	s.mux.Handle("GET /{$}", ui)
+	s.mux.Handle("GET "+webui.AssetsPrefix, ui)
 	s.handler = httpapi.Routes(s.mux, s.log)
 	return s, m
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
@@ -49,6 +50,8 @@ type Server struct {
 	// counts those open.
 	maxStreams int64
 	streams    atomic.Int64
+	// budget answers the user's own spend (GET /api/me).
+	budget *budget.Service
 	// prov is the K8sWorkerProvisioner when provisioning is on.
 	prov atomic.Pointer[provision.K8sWorkerProvisioner]
 }
@@ -223,9 +226,7 @@ type createConversationRequest struct {
 }
 
 type conversationResponse struct {
-	ID     string `json:"id"`
-	Tenant string `json:"tenant"`
-	Env    string `json:"env"`
+	conversationJSON
 	// Worker is the worker's view of the session, when it answered.
 	Worker *contract.SessionStatus `json:"worker,omitempty"`
 }
@@ -274,7 +275,7 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return s.notCreatedOnWorker(c, wc, err)
 	}
-	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env, Worker: &st}
+	resp := conversationResponse{conversationJSON: toConversationJSON(controlstore.ConversationSummary{Conversation: c, LastActivity: c.CreatedAt}), Worker: &st}
 	httpapi.WriteJSON(w, http.StatusCreated, resp)
 	return nil
 }
@@ -284,7 +285,14 @@ func (s *Server) getConversation(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	resp := conversationResponse{ID: c.ID, Tenant: c.Tenant, Env: c.Env}
+	sum, err := s.db.ConversationSummaryOf(r.Context(), c.ID)
+	if errors.Is(err, controlstore.ErrNotFound) {
+		return httpapi.NotFound("conversation not found")
+	}
+	if err != nil {
+		return err
+	}
+	resp := conversationResponse{conversationJSON: toConversationJSON(sum)}
 	st, err := wc.Status(r.Context(), c.ID)
 	var we *workerclient.Error
 	switch {

@@ -54,6 +54,13 @@ const maxQuoted = 8000
 //     tool_use of Bash with input {"command": <span>, "description":
 //     "Run <span>"}, stop_reason "tool_use".
 //  6. Otherwise: text echoing the prompt (first 200 characters) with a hint.
+//
+// File edits come before rule 2, so the agent can read before it edits, as
+// Claude Code requires: a text "create file `P` containing `T`" is answered
+// with a Write of T to P, and "in `P` replace `A` with `B`" with a Read of
+// P, then (once the Read succeeded) an Edit of A to B; the results are then
+// quoted by rule 2. A relative P is taken from the working directory the
+// CLI's system prompt names ("Primary working directory: …").
 type DemoResponder struct{}
 
 // SubagentToolName is the tool Claude Code 2.1.332 offers the model to start
@@ -89,6 +96,9 @@ const ModelID = "talkide-dev-upstream"
 func (DemoResponder) Respond(req *Request) Response {
 	if req.OutputFormat == "json_schema" {
 		return Response{Content: []ContentBlock{Text(schemaAnswer(req.OutputSchema, titleWords(lastUserText(req.Messages))))}}
+	}
+	if r, ok := fileEdit(req); ok {
+		return r
 	}
 	if last := lastNonSystem(req.Messages); last != nil && last.Role == "user" {
 		if results := trailingToolResults(last.Content); len(results) > 0 {

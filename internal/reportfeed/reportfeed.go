@@ -299,8 +299,26 @@ func Reports(ev contract.Event) []Report {
 		}
 	}
 	add(contract.PathReportActivity, "activity", contract.ActivityReport{IdempotencyKey: key("activity"), EventID: ev.ID, Time: ev.Time,
-		Type: ev.Type, Summary: clip(Summary(ev), contract.MaxSummary)})
+		Type: ev.Type, Summary: clip(Summary(ev), contract.MaxSummary), Ref: clip(Ref(ev), 200)})
 	return out
+}
+
+// Ref is what ev is about when a later event settles it: the request id of
+// a permission event, the build id of a build event; "" otherwise.
+func Ref(ev contract.Event) string {
+	var p struct {
+		RequestID string `json:"request_id"`
+		BuildID   string `json:"build_id"`
+	}
+	switch ev.Type {
+	case contract.EventPermissionRequested, contract.EventPermissionResolved:
+		_ = json.Unmarshal(ev.Data, &p)
+		return p.RequestID
+	case contract.EventBuildStarted, contract.EventBuildProgress, contract.EventBuildCompleted:
+		_ = json.Unmarshal(ev.Data, &p)
+		return p.BuildID
+	}
+	return ""
 }
 
 func nonNegative(u contract.Usage) contract.Usage {

@@ -175,3 +175,30 @@ func TestFeedFollowsLogsAcrossRestarts(t *testing.T) {
 		t.Errorf("order:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestActivityNamesWhatAPermissionOrBuildIsAbout: the control plane's
+// conversation list counts pending permission requests by the activity
+// entries' ref, so requested and resolved must carry the request id.
+func TestActivityNamesWhatAPermissionOrBuildIsAbout(t *testing.T) {
+	for _, tc := range []struct {
+		t    contract.EventType
+		p    any
+		want string
+	}{
+		{contract.EventPermissionRequested, contract.PermissionRequested{RequestID: "req-1", ToolName: "Bash"}, "req-1"},
+		{contract.EventPermissionResolved, contract.PermissionResolved{RequestID: "req-1", Behavior: "deny"}, "req-1"},
+		{contract.EventBuildCompleted, map[string]string{"build_id": "toolu_1"}, "toolu_1"},
+		{contract.EventToolUse, contract.ToolUse{ToolUseID: "t1", Name: "Bash"}, ""},
+	} {
+		ev, _ := contract.NewEvent("c", tc.t, tc.p)
+		ev.ID = 3
+		reps := Reports(ev)
+		var a contract.ActivityReport
+		if err := json.Unmarshal(reps[len(reps)-1].Body, &a); err != nil {
+			t.Fatal(err)
+		}
+		if a.Ref != tc.want {
+			t.Errorf("%s: ref %q, want %q", tc.t, a.Ref, tc.want)
+		}
+	}
+}

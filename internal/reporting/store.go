@@ -175,9 +175,9 @@ func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageRepor
 // RecordActivity stores an activity report (r must have passed Validate).
 func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.ActivityReport, hash string) (contract.ReportAck, error) {
 	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, "activity", hash, func(tx *sql.Tx) (any, error) {
-		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO activity_log (conversation_id, event_id, tenant, env, type, summary, at, received_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-			sc.Conversation, r.EventID, sc.Tenant, sc.Env, string(r.Type), r.Summary, controlstore.Millis(r.Time), controlstore.Millis(s.now()))
+		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO activity_log (conversation_id, event_id, tenant, env, type, summary, at, received_at, ref)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			sc.Conversation, r.EventID, sc.Tenant, sc.Env, string(r.Type), r.Summary, controlstore.Millis(r.Time), controlstore.Millis(s.now()), r.Ref)
 		if err != nil {
 			return nil, fmt.Errorf("store activity: %w", err)
 		}
