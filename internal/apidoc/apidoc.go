@@ -6,8 +6,9 @@
 // a request for each documented error to a real control plane and worker.
 //
 // Main entry: Load. It is for tests only; it understands the documents'
-// own conventions (a section heading naming `METHOD /path`, a paragraph
-// starting "Errors", statuses in backquotes), not Markdown in general.
+// own conventions (a section heading naming `METHOD /path`, one endpoint a
+// section; in it a sentence "Errors…:" listing statuses in backquotes, up
+// to the paragraph's end), not Markdown in general.
 package apidoc
 
 import (
@@ -47,10 +48,11 @@ type TypeRow struct {
 type Endpoint struct {
 	// Section is the heading's number, e.g. "2.3".
 	Section string
-	// Errors maps each status the "Errors" paragraph lists to the type it
+	// Errors maps each status the "Errors" list names to the type it
 	// names next to it ("" when it gives only the status).
 	Errors map[int]string
-	// Line is the "Errors" paragraph's line (0: the section has none).
+	// Line is the line where the "Errors" list starts (0: the section has
+	// none).
 	Line int
 }
 
@@ -69,6 +71,7 @@ var (
 	statusRe  = regexp.MustCompile("`([1-5][0-9][0-9])(?: ([a-z_]+))?`")
 	cellRe    = regexp.MustCompile("^`([a-z_]+)`$")
 	numRe     = regexp.MustCompile(`^[1-5][0-9][0-9]$`)
+	errorsRe  = regexp.MustCompile(`\bErrors\b[^:]*:`)
 )
 
 // Load reads the document at path, relative to the repository root.
@@ -103,11 +106,12 @@ func Load(path string) (*Doc, error) {
 			inErrors = false
 			continue
 		}
-		if cur != nil && strings.HasPrefix(line, "Errors") {
+		if loc := errorsRe.FindStringIndex(line); cur != nil && loc != nil {
 			if cur.Line != 0 {
-				return nil, fmt.Errorf("%s:%d: a second Errors paragraph in §%s", path, n, cur.Section)
+				return nil, fmt.Errorf("%s:%d: a second Errors list in §%s (one endpoint a section)", path, n, cur.Section)
 			}
 			cur.Line, inErrors = n, true
+			line = line[loc[0]:]
 		}
 		if inErrors {
 			for _, m := range statusRe.FindAllStringSubmatch(line, -1) {

@@ -116,9 +116,25 @@ func TestDocumentedErrors(t *testing.T) {
 		intr     = "POST /api/conversations/{id}/interrupt"
 		perm     = "POST /api/conversations/{id}/permissions/{request_id}"
 		strm     = "GET /api/conversations/{id}/stream"
+		meEP     = "GET /api/me"
+		list     = "GET /api/conversations"
+		rename   = "PATCH /api/conversations/{id}"
 	)
 	demo := `{"tenant":"demo","env":"dev"}`
 	browserProbes := []probe{
+		{meEP, "no token", 401, browser("", "GET", "/api/me", "", "")},
+		{meEP, "unknown parameter", 400, browser(me, "GET", "/api/me?tenantt=demo", "", "")},
+		{meEP, "malformed tenant", 400, browser(me, "GET", "/api/me?tenant=Not+A+Tenant", "", "")},
+		{list, "no token", 401, browser("", "GET", "/api/conversations", "", "")},
+		{list, "limit out of range", 400, browser(me, "GET", "/api/conversations?limit=1000", "", "")},
+		{list, "a cursor this API did not give", 400, browser(me, "GET", "/api/conversations?cursor=bogus", "", "")},
+		{list, "repeated parameter", 400, browser(me, "GET", "/api/conversations?env=dev&env=dev", "", "")},
+		{rename, "no token", 401, browser("", "PATCH", convPath, json, `{"title":"x"}`)},
+		{rename, "missing title", 400, browser(me, "PATCH", convPath, json, `{}`)},
+		{rename, "title of two lines", 400, browser(me, "PATCH", convPath, json, `{"title":"a\nb"}`)},
+		{rename, "another user's conversation", 404, browser("tk_mallory", "PATCH", convPath, json, `{"title":"x"}`)},
+		{rename, "body too large", 413, browser(me, "PATCH", convPath, json, `{"title":"`+strings.Repeat("t", 64<<10)+`"}`)},
+		{rename, "wrong content type", 415, browser(me, "PATCH", convPath, "text/plain", `{"title":"x"}`)},
 		{create, "no token", 401, browser("", "POST", "/api/conversations", json, demo)},
 		{create, "unknown token", 401, browser("tk_nobody", "POST", "/api/conversations", json, demo)},
 		{create, "tenant-env without grant", 403, browser("tk_mallory", "POST", "/api/conversations", json, demo)},

@@ -84,6 +84,9 @@ func TestUserAddWhileRunning(t *testing.T) {
 	if st, b := call(alice, "GET", "/api/tenants/demo/envs/dev/issues", ""); st != http.StatusOK {
 		t.Errorf("alice lists demo/dev's issues: %d %s, want 200", st, b)
 	}
+	if st, b := call(alice, "GET", "/api/me", ""); st != http.StatusOK || !strings.Contains(b, `"user":"alice"`) || !strings.Contains(b, `{"tenant":"demo","env":"dev"}`) {
+		t.Errorf("alice's /api/me: %d %s, want 200 naming alice with the grant demo/dev", st, b)
+	}
 
 	// A name that exists: refused, with a non-zero exit, and alice's token
 	// still works (nothing was replaced).
