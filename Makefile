@@ -78,6 +78,7 @@ chromium:
 # the CLI under everyone who shares it.
 $(CLAUDE_STAMP):
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
+	@echo "installing the pinned Claude Code CLI $(CLAUDE_CODE_VERSION) from npm into .tools/ (about a minute, once per version)"
 	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
 	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
 		--prefix $(CLAUDE_DIR) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
@@ -100,6 +101,7 @@ $(WEB_STAMP):
 
 ## build: compile every binary into bin/ (the browser UI bundled first)
 build: web
+	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: on a machine whose Go caches are empty this downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores; later builds take seconds"
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## run: the whole platform on this machine (control plane, one worker, dev upstream)
@@ -110,7 +112,11 @@ run: tools web build
 ## and the test cluster (built first by cluster-bins); the chart tests use the
 ## pinned Helms (helm) and the images (images)
 test: tools web cluster-bins helm images vet fmt-check tidy-check
+	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
+	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
+	@echo "go test -race ./...: about 15 minutes on 2 cores (longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
+	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
 vet:
 	$(GO) vet ./...
@@ -130,7 +136,7 @@ helm: $(HELM) $(HELM3)
 
 # The version is in the path: a new pin builds anew, the old one is left.
 $(CURDIR)/.cache/tools/helm-%/helm:
-	@echo "building helm $* from the Go module proxy (a few minutes the first time; cached in $(@D))"
+	@echo "building helm $* from the Go module proxy into $(@D): 2.5 to 3.5 minutes, once per pinned version"
 	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
@@ -142,6 +148,7 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 ## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
 .PHONY: images
 images: tools web
+	@echo "building the three container images into .cache/images/ (about a minute; the first time also the Debian bases of the worker and the Gradle builder with debootstrap, 2 to 3 minutes each)"
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
@@ -150,6 +157,7 @@ images: tools web
 cluster-bins: $(K8S_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
+	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 20 to 45 minutes on 2 cores with an empty Go build cache, about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
@@ -172,7 +180,7 @@ chaos: tools
 		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'
 
 ## bench-gateway: what the gateway-proxy adds in latency and throughput, direct vs
-## through it, on SQLite and PostgreSQL (README "Benchmark"); BENCH_FLAGS=-h lists options
+## through it, on SQLite and PostgreSQL (docs/benchmarks.md); BENCH_FLAGS=-h lists options
 .PHONY: bench-gateway
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
@@ -184,7 +192,7 @@ bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
 
 ## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
-## stand-in agents, per-turn overhead against the direct CLI (README
+## stand-in agents, per-turn overhead against the direct CLI (docs/benchmarks.md,
 ## "bench-worker"; needs root, bwrap and the pinned CLI of `make tools`; about
 ## 8 minutes). Not `tools` as a prerequisite: a worktree's fresh version.txt
 ## would look newer than a shared .tools/ and reinstall the CLI under others.

@@ -16,7 +16,7 @@
 // refusal. Errors use Anthropic's error envelope. Metrics (metrics.go) and
 // the x-talkide-gateway-overhead-ms response header measure what it adds.
 //
-// Decisions (see also README "Gateway-proxy"):
+// Decisions (see also docs/gateway.md):
 //   - Compression: the gateway asks the upstream for identity encoding. An
 //     upstream that compresses anyway is passed through unchanged (the
 //     client decodes it); gzip and deflate are decoded on the tee for
