@@ -235,12 +235,16 @@ export function ConversationView(props) {
       )}
       <div class="scroller" ref={scroller} onScroll={onScroll}>
         <div class="timeline">
-          {tl.items.length === 0 && localOnly.length === 0 && (
+          {tl.items.length === 0 && tl.queue.length === 0 && localOnly.length === 0 && (
             <div class="empty-state">
               <p class="muted">{conn.state === "connected" ? "No messages yet. Ask the agent something to start." : "Loading the conversation…"}</p>
             </div>
           )}
           {tl.items.map((it) => (
+            <ItemView key={it.id} item={it} v={it.v} ctx={ctx} />
+          ))}
+          {running && <Working tl={tl} interrupting={interrupting} />}
+          {tl.queue.map((it) => (
             <ItemView key={it.id} item={it} v={it.v} ctx={ctx} />
           ))}
           {localOnly.map((p) => (
@@ -256,7 +260,6 @@ export function ConversationView(props) {
               )}
             </div>
           ))}
-          {running && <Working tl={tl} interrupting={interrupting} />}
         </div>
       </div>
       <div class="sr-only" aria-live="polite">

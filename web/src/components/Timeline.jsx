@@ -395,7 +395,7 @@ export function BuildCard({ item }) {
                 {f.name}
               </code>
               {f.status === "error" ? <span class="muted small"> (error)</span> : null}
-              {f.message && <div class="small fail-msg">{(f.type ? f.type + ": " : "") + f.message}</div>}
+              {f.message && <div class="small fail-msg">{(f.type && !f.message.startsWith(f.type) ? f.type + ": " : "") + f.message}</div>}
             </li>
           ))}
         </ul>

@@ -103,7 +103,9 @@ export function parseInline(s) {
       i += n;
       continue;
     }
-    if ((ch === "*" || ch === "_") && s[i + 1] === ch) {
+    // Only asterisks emphasise: underscores are common inside names
+    // (mcp__server__tool, snake_case) and stay as written.
+    if (ch === "*" && s[i + 1] === ch) {
       const end = s.indexOf(ch + ch, i + 2);
       if (end > i + 2) {
         push("text", plain);

@@ -15,6 +15,7 @@ export function newTimeline() {
     perms: new Map(), // request_id -> permission item
     builds: new Map(), // build_id -> build item
     users: new Map(), // client_message_id -> user item
+    queue: [], // user items whose turn has not started, in order
     started: new Set(), // client_message_ids whose turn started or ended
     running: null, // client_message_id of the running turn, or null
     waiting: null, // turn_queued data while the turn waits for a process
@@ -55,7 +56,13 @@ export function apply(tl, ev) {
   const base = { id: ev.id, time: ev.time };
   switch (ev.type) {
     case "user_message": {
-      const it = add(tl, { ...base, kind: "user", cmid: d.client_message_id, text: d.text || "", queued: !tl.started.has(d.client_message_id) });
+      // A message waits below the running turn until its own turn starts;
+      // then it moves into the timeline, where its turn's output follows.
+      const it = { ...base, kind: "user", cmid: d.client_message_id, text: d.text || "", queued: true, v: 1 };
+      if (tl.started.has(d.client_message_id)) {
+        it.queued = false;
+        tl.items.push(it);
+      } else tl.queue.push(it);
       if (d.client_message_id) tl.users.set(d.client_message_id, it);
       if (!tl.firstUserText) tl.firstUserText = d.text || "";
       break;
@@ -68,11 +75,7 @@ export function apply(tl, ev) {
       tl.running = d.client_message_id || "?";
       tl.waiting = null;
       tl.retry = null;
-      const u = tl.users.get(d.client_message_id);
-      if (u && u.queued) {
-        u.queued = false;
-        touch(u);
-      }
+      dequeue(tl, d.client_message_id);
       if (d.continued) add(tl, { ...base, kind: "notice", level: "info", text: "The turn goes on after a worker restart." });
       break;
     }
@@ -115,11 +118,7 @@ export function apply(tl, ev) {
     case "turn_failed": {
       const cmid = d.client_message_id;
       tl.started.add(cmid);
-      const u = tl.users.get(cmid);
-      if (u && u.queued) {
-        u.queued = false;
-        touch(u);
-      }
+      dequeue(tl, cmid);
       if (tl.running === cmid || tl.running === "?") tl.running = null;
       tl.waiting = null;
       tl.retry = null;
@@ -244,6 +243,16 @@ export function apply(tl, ev) {
       break;
   }
   return true;
+}
+
+// dequeue moves the queued message cmid into the timeline.
+function dequeue(tl, cmid) {
+  const i = tl.queue.findIndex((u) => u.cmid === cmid);
+  if (i < 0) return;
+  const [u] = tl.queue.splice(i, 1);
+  u.queued = false;
+  touch(u);
+  tl.items.push(u);
 }
 
 // MAX_BUILD_LINES bounds the log lines a build card keeps (it shows fewer).
