@@ -7,6 +7,7 @@ import { useLatest, useNow } from "../lib/hooks.js";
 import { Composer } from "./Composer.jsx";
 import { ItemView, UserMessage } from "./Timeline.jsx";
 import { TopBar } from "./TopBar.jsx";
+import { Icon } from "./Icon.jsx";
 
 const CONN_TEXT = {
   connecting: "Connecting…",
@@ -183,11 +184,13 @@ export function ConversationView(props) {
       <ConnStatus conn={conn} />
       {!editing && !confirming && (
         <>
-          <button type="button" class="ghost" onClick={() => setEditing(true)}>
-            Rename
+          <button type="button" class="ghost with-icon" onClick={() => setEditing(true)}>
+            <Icon name="pencil" />
+            <span class="btn-label">Rename</span>
           </button>
-          <button type="button" class="ghost" onClick={() => setConfirming(true)}>
-            Delete conversation
+          <button type="button" class="ghost with-icon" onClick={() => setConfirming(true)}>
+            <Icon name="trash" />
+            <span class="btn-label">Delete conversation</span>
           </button>
         </>
       )}
@@ -203,7 +206,7 @@ export function ConversationView(props) {
             onCancel={() => setEditing(false)}
             onSave={async (t) => {
               const c = await api("PATCH", paths.conv(id), { title: t });
-              setMeta((m) => ({ ...(m || {}), ...(c || {}), title: (c && c.title) || t }));
+              setMeta((m) => ({ ...(m || {}), ...(c || {}), title: c ? c.title : t }));
               setEditing(false);
               cb.current.onChanged();
             }}
@@ -326,10 +329,6 @@ function RenameForm({ initial, onSave, onCancel }) {
       onSubmit={async (e) => {
         e.preventDefault();
         const t = v.trim();
-        if (!t) {
-          setErr("A title needs at least one character.");
-          return;
-        }
         setBusy(true);
         try {
           await onSave(t);

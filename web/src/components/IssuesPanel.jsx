@@ -3,6 +3,7 @@ import { api, paths } from "../lib/api.js";
 import { relTime } from "../lib/format.js";
 import { useNow, useVisible } from "../lib/hooks.js";
 import { Markdown } from "./Markdown.jsx";
+import { Icon } from "./Icon.jsx";
 
 const POLL_MS = 10000;
 
@@ -47,7 +48,7 @@ export function IssuesPanel({ te, onOpen, onClose }) {
           Issues <span class="muted small">{te.tenant + " / " + te.env}</span>
         </h2>
         <button type="button" class="icon-btn" aria-label="Close issues" onClick={onClose}>
-          <span aria-hidden="true">✕</span>
+          <Icon name="close" />
         </button>
       </div>
       <div class="seg" role="radiogroup" aria-label="Show">

@@ -1,4 +1,5 @@
 import { useNow } from "../lib/hooks.js";
+import { Icon } from "./Icon.jsx";
 import { relTime, usdExact, usdString } from "../lib/format.js";
 
 export function convTitle(c) {
@@ -42,7 +43,7 @@ export function Sidebar({ me, meError, te, onTE, list, current, live, onOpen, on
           </div>
         )}
         <button type="button" class="primary new-conv" onClick={onNew} disabled={!te}>
-          <span aria-hidden="true">+</span> New conversation
+          <Icon name="plus" /> New conversation
         </button>
       </div>
       {meError && (

@@ -1,3 +1,5 @@
+import { Icon } from "./Icon.jsx";
+
 // TopBar: the bar above a conversation: the drawer button on narrow
 // screens, the title (or what replaces it), actions, and the Issues
 // button.
@@ -12,13 +14,14 @@ export function TopBar({ drawerOpen, onToggleDrawer, issuesOpen, onToggleIssues,
         aria-label="Show conversations"
         onClick={onToggleDrawer}
       >
-        <span aria-hidden="true">☰</span>
+        <Icon name="menu" />
       </button>
       <div class="title-area">{children}</div>
       <div class="top-actions">
         {actions}
-        <button type="button" class={"ghost" + (issuesOpen ? " pressed" : "")} ref={issuesButton} aria-expanded={issuesOpen ? "true" : "false"} onClick={onToggleIssues}>
-          Issues
+        <button type="button" class={"ghost with-icon" + (issuesOpen ? " pressed" : "")} ref={issuesButton} aria-expanded={issuesOpen ? "true" : "false"} onClick={onToggleIssues}>
+          <Icon name="issues" />
+          <span class="btn-label">Issues</span>
         </button>
       </div>
     </header>
