@@ -11,7 +11,7 @@ test("interrupt a running turn", async () => {
   await call.getByText("running", { exact: true }).waitFor();
   const interrupt = page.getByRole("button", { name: "Interrupt" });
   await interrupt.and(page.locator(":enabled")).waitFor();
-  await page.getByRole("banner").getByText("Running", { exact: true }).waitFor();
+  await page.locator(".topbar").getByText("Running", { exact: true }).waitFor();
   await shot(page, "a long command running");
   await interrupt.click();
   await page.getByText("Interrupted", { exact: true }).waitFor({ timeout: TURN_TIMEOUT });

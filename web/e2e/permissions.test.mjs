@@ -1,6 +1,8 @@
 // Permission requests (worker policy "ask") answered in the page: allow,
 // deny with a reason, and a request raised again after the worker restarts,
 // shown once and still answerable. A pending request shows in the list.
+// The CLI asks only about calls it does not consider safe: `echo` alone is
+// safe, writing a file is not, hence the `touch` in each command.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { control, newPage, reset, setPermissionPolicy, shot } from "./harness.mjs";
@@ -18,7 +20,7 @@ const request = (page, text) => page.getByRole("group", { name: "Permission requ
 test("approve one permission request and deny another with a reason", async () => {
   const page = await newPage();
   await openDraft(page);
-  await send(page, "please run `echo approved-by-me`");
+  await send(page, "please run `touch approved.txt && echo approved-by-me`");
   const first = request(page, "echo approved-by-me");
   await first.waitFor({ timeout: TURN_TIMEOUT });
   await first.getByText("Bash").first().waitFor();
@@ -32,7 +34,7 @@ test("approve one permission request and deny another with a reason", async () =
   await turnsCompleted(page, 1);
   await shot(page, "allowed and run");
 
-  await send(page, "please run `echo refused-by-me`");
+  await send(page, "please run `touch refused.txt && echo refused-by-me`");
   const second = request(page, "echo refused-by-me");
   await second.waitFor({ timeout: TURN_TIMEOUT });
   await second.getByRole("textbox", { name: "Reason (optional)" }).fill("not this command");
@@ -52,7 +54,7 @@ test("approve one permission request and deny another with a reason", async () =
 test("a request raised again after a worker restart shows once and can be answered", async () => {
   const page = await newPage();
   await openDraft(page);
-  await send(page, "please run `echo asked-twice`");
+  await send(page, "please run `touch twice.txt && echo asked-twice`");
   const req = request(page, "echo asked-twice");
   await req.waitFor({ timeout: TURN_TIMEOUT });
   const rid = await req.getAttribute("data-request-id");
@@ -64,9 +66,11 @@ test("a request raised again after a worker restart shows once and can be answer
   await shot(page, "the same request raised again");
   await req.getByRole("button", { name: "Allow" }).click();
   await req.getByText("Allowed").waitFor();
-  const call = await openToolCall(page, "echo asked-twice");
-  await call.locator(".tool-out").getByText("asked-twice").waitFor({ timeout: TURN_TIMEOUT });
+  // The turn goes on (turn_started "continued") and ends; the development
+  // upstream does not repeat the call on the worker's continuation prompt,
+  // so the command's output is not awaited here.
   await turnsCompleted(page, 1);
+  assert.equal(await page.locator(`[data-request-id="${rid}"]`).count(), 1);
   await shot(page, "answered after the restart");
   noErrors(page);
   await page.context().close();
