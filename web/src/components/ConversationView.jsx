@@ -148,7 +148,9 @@ export function ConversationView(props) {
   };
 
   const answer = useCallback((requestId, behavior, message) => api("POST", paths.permission(id, requestId), message ? { behavior, message } : { behavior }), [id]);
-  const ctx = useMemo(() => ({ answer, budget }), [answer, budget]);
+  const workDir = tl.workDir || (meta && meta.worker && meta.worker.work_dir) || "";
+  const resend = useCallback((text) => send(text), [send]);
+  const ctx = useMemo(() => ({ answer, budget, workDir, resend }), [answer, budget, workDir, resend]);
 
   // Follow the newest output unless the reader scrolled up.
   useLayoutEffect(() => {

@@ -4,7 +4,7 @@ import { contextOnly } from "../lib/diff.js";
 // Diff shows one file edit: the changed lines with three lines of context,
 // "+" for added and "−" for removed lines (also said in words to screen
 // readers).
-export function Diff({ path, lines, label }) {
+export function Diff({ path, title, lines, label }) {
   const [all, setAll] = useState(false);
   const shown = all ? lines : contextOnly(lines, 3);
   const added = lines.filter((l) => l.kind === "add").length;
@@ -13,7 +13,9 @@ export function Diff({ path, lines, label }) {
   return (
     <figure class="diff" data-testid="diff">
       <figcaption class="diff-head">
-        <span class="diff-path">{path || "(file)"}</span>
+        <span class="diff-path" title={title || undefined}>
+          {path || "(file)"}
+        </span>
         {label && <span class="muted small">{label}</span>}
         <span class="diff-stat">
           <span class="add-n">+{added}</span> <span class="del-n">−{removed}</span>

@@ -69,7 +69,14 @@ export function toolName(name) {
   return m ? { tool: m[2], server: m[1] } : { tool: name || "tool", server: "" };
 }
 
-export function shortInput(name, input) {
+// relPath shows a path inside the agent's working directory relative to it.
+export function relPath(p, dir) {
+  if (typeof p !== "string" || !dir) return p;
+  const d = dir.replace(/\/+$/, "") + "/";
+  return p.startsWith(d) ? p.slice(d.length) || "." : p;
+}
+
+export function shortInput(name, input, dir) {
   if (input === null || input === undefined) return "";
   if (typeof input !== "object") return String(input);
   const s = (v) => (typeof v === "string" ? v : "");
@@ -80,7 +87,7 @@ export function shortInput(name, input) {
     case "Edit":
     case "MultiEdit":
     case "Write":
-      return s(input.file_path);
+      return relPath(s(input.file_path), dir);
     case "NotebookEdit":
       return s(input.notebook_path);
     case "Glob":
@@ -139,13 +146,13 @@ function Output({ text, isError, id }) {
   );
 }
 
-function ToolInput({ name, input }) {
+function ToolInput({ name, input, dir }) {
   const edits = fileEdits(name, input);
   if (edits) {
     return (
       <div class="tool-in">
         {edits.map((e, i) => (
-          <Diff path={e.path} lines={e.lines} label={edits.length > 1 ? `edit ${i + 1} of ${edits.length}` : name === "Write" ? "new content" : ""} />
+          <Diff path={relPath(e.path, dir)} title={e.path} lines={e.lines} label={edits.length > 1 ? `edit ${i + 1} of ${edits.length}` : name === "Write" ? "new content" : ""} />
         ))}
       </div>
     );
@@ -191,7 +198,8 @@ export function ToolCall({ item, ctx }) {
   const agent = item.name === "Agent" || item.name === "Task";
   const status = item.result ? (item.result.isError ? "error" : "done") : item.stopped ? "stopped" : "running";
   const statusText = { error: "failed", done: "done", stopped: "stopped", running: "running" }[status];
-  const arg = oneLine(shortInput(item.name, item.input), 90);
+  const dir = ctx && ctx.workDir;
+  const arg = oneLine(shortInput(item.name, item.input, dir), 90);
   return (
     <details class={"tool " + status + (item.parent ? " nested" : "")} data-testid="tool-call" data-event-id={item.id} data-tool={item.name} open={edits || agent}>
       <summary>
@@ -202,7 +210,7 @@ export function ToolCall({ item, ctx }) {
         <span class="tool-status">{statusText}</span>
       </summary>
       <div class="tool-body">
-        <ToolInput name={item.name} input={item.input} />
+        <ToolInput name={item.name} input={item.input} dir={dir} />
         {item.children.length > 0 && (
           <div class="subcalls" aria-label="Subagent tool calls" role="group">
             {item.children.map((c) => (
@@ -290,7 +298,7 @@ export function PermissionRequest({ item, ctx }) {
       </div>
       {item.description && <p class="perm-desc">{item.description}</p>}
       {edits ? (
-        edits.map((e) => <Diff path={e.path} lines={e.lines} />)
+        edits.map((e) => <Diff path={relPath(e.path, ctx && ctx.workDir)} title={e.path} lines={e.lines} />)
       ) : (
         <pre class="code perm-input">
           <code>{item.toolName === "Bash" && item.input && item.input.command ? item.input.command : pretty(item.input)}</code>
@@ -482,6 +490,11 @@ export function TurnFailed({ item, ctx }) {
       <strong>The turn failed</strong>
       <p>{FAIL_TEXT[item.reason] || "The turn ended with an error."}</p>
       {item.message && <p class="small fail-msg">{item.message}</p>}
+      {ctx && ctx.resend && item.text && (
+        <button type="button" class="small" onClick={() => ctx.resend(item.text)}>
+          Send again
+        </button>
+      )}
     </div>
   );
 }

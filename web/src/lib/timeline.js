@@ -140,6 +140,7 @@ export function apply(tl, ev) {
           reason: d.reason || "",
           message: d.message || "",
           status: d.api_error_status || 0,
+          text: (tl.users.get(cmid) || {}).text || "",
           budget: isBudgetRefusal(d),
           usage: d.usage || {},
         });
@@ -234,6 +235,7 @@ export function apply(tl, ev) {
     }
     case "session_started":
       tl.model = d.model;
+      if (d.work_dir) tl.workDir = d.work_dir;
       break;
     case "session_stopped":
       // Quiet: the agent's process ends when idle or evicted; the next
