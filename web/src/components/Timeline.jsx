@@ -104,6 +104,7 @@ export function shortInput(name, input, dir) {
       return Array.isArray(input.todos) ? input.todos.length + " to-dos" : "";
     default:
       for (const v of Object.values(input)) if (typeof v === "string" && v) return v;
+      for (const v of Object.values(input)) if (Array.isArray(v) && v.length && v.every((x) => typeof x === "string")) return v.join(" ");
       return JSON.stringify(input);
   }
 }
