@@ -108,6 +108,13 @@ export function ConversationView(props) {
     onLive({ id, running, pending: pendingPerms, title, lastActivity: lastTime });
   }, [id, running, pendingPerms, title, tl.lastId]);
 
+  useEffect(() => {
+    document.title = (title ? oneLine(title, 50) + " · " : "") + "TalkIDE";
+    return () => {
+      document.title = "TalkIDE";
+    };
+  }, [title]);
+
   // Messages the stream has not shown yet stay as local bubbles.
   const localOnly = pending.filter((p) => !tl.users.has(p.cmid));
   useEffect(() => {

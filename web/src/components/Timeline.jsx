@@ -474,9 +474,9 @@ export function TurnFailed({ item, ctx }) {
         <p>The gateway refused the model call because your monthly budget is used up, so the turn stopped.</p>
         {b ? (
           <p>
-            Remaining this month: <strong>{usdString(b.remaining_usd)}</strong> of {usdString(b.limit_usd)}
-            {b.resets_at ? `; it resets on ${new Date(b.resets_at).toLocaleDateString(undefined, { day: "numeric", month: "long" })}` : ""}. Ask your
-            administrator to raise the limit.
+            Your budget now: <strong>{usdString(b.remaining_usd)}</strong> left of {usdString(b.limit_usd)} this period
+            {b.resets_at ? `, which ends on ${new Date(b.resets_at).toLocaleDateString(undefined, { day: "numeric", month: "long" })}` : ""}.
+            {Number(b.remaining_usd) < 0.01 ? " Ask your administrator to raise the limit." : " You can go on."}
           </p>
         ) : null}
         <details>
