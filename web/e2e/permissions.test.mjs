@@ -3,14 +3,13 @@
 // shown once and still answerable. A pending request shows in the list.
 // The CLI asks only about calls it does not consider safe: `echo` alone is
 // safe, writing a file is not, hence the `touch` in each command.
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { control, newPage, reset, setPermissionPolicy, shot } from "./harness.mjs";
 import { noErrors, openDraft, openToolCall, send, turnsCompleted, TURN_TIMEOUT } from "./steps.mjs";
 
-before(async () => {
-  await setPermissionPolicy("ask");
-});
+// Set in each test, not in a before() hook: node runs a file's root
+// before() hooks concurrently with the harness's reset().
 after(async () => {
   await reset();
 });
@@ -18,6 +17,7 @@ after(async () => {
 const request = (page, text) => page.getByRole("group", { name: "Permission request" }).filter({ hasText: text });
 
 test("approve one permission request and deny another with a reason", async () => {
+  await setPermissionPolicy("ask");
   const page = await newPage();
   await openDraft(page);
   await send(page, "please run `touch approved.txt && echo approved-by-me`");
@@ -52,6 +52,7 @@ test("approve one permission request and deny another with a reason", async () =
 });
 
 test("a request raised again after a worker restart shows once and can be answered", async () => {
+  await setPermissionPolicy("ask");
   const page = await newPage();
   await openDraft(page);
   await send(page, "please run `touch twice.txt && echo asked-twice`");
