@@ -145,6 +145,12 @@ export function App() {
     list.refresh();
   }, [open, list.refresh]);
 
+  // The opened drawer takes the focus; closed, it gives it back.
+  useEffect(() => {
+    const el = document.querySelector(drawer ? "#sidebar .new-conv" : ".drawer-toggle");
+    if (el && (drawer || document.activeElement === document.body || document.activeElement?.closest("#sidebar"))) el.focus();
+  }, [drawer]);
+
   // Esc closes the drawer or the issues panel.
   useEffect(() => {
     const f = (e) => {
