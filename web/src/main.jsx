@@ -1,21 +1,7 @@
-// A stand-in for the browser UI until the real app lands (issue 15): the
-// page title and the sign-in form, so the build, the embedding and the
-// browser-test harness have something real to work on.
+// The TalkIDE browser UI: conversations with the coding agent, their live
+// turns, permission requests, spend, issues and builds. See docs/ui.md.
 import { render } from "preact";
 import "./main.css";
-
-function App() {
-  return (
-    <main>
-      <h1>TalkIDE</h1>
-      <form onSubmit={(e) => e.preventDefault()}>
-        <label>
-          User token <input type="password" name="token" autocomplete="off" />
-        </label>
-        <button type="submit">Sign in</button>
-      </form>
-    </main>
-  );
-}
+import { App } from "./components/App.jsx";
 
 render(<App />, document.getElementById("app"));
