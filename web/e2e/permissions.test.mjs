@@ -67,10 +67,10 @@ test("a request raised again after a worker restart shows once and can be answer
   await shot(page, "the same request raised again");
   await req.getByRole("button", { name: "Allow" }).click();
   await req.getByText("Allowed").waitFor();
-  // The turn goes on (turn_started "continued") and ends; the development
-  // upstream does not repeat the call on the worker's continuation prompt,
-  // so the command's output is not awaited here.
+  // The turn goes on (turn_started "continued"): the agent repeats the
+  // call, the worker matches it to the answered request, and it runs.
   await turnsCompleted(page, 1);
+  await page.getByText("The command printed:").waitFor({ timeout: TURN_TIMEOUT });
   assert.equal(await page.locator(`[data-request-id="${rid}"]`).count(), 1);
   await shot(page, "answered after the restart");
   noErrors(page);
