@@ -431,8 +431,12 @@ export function TurnEnd({ item }) {
     <div class="turn-end" data-event-id={item.id} role="note" aria-label="Turn completed">
       <span class="rule" aria-hidden="true" />
       <span class="turn-info">
-        <span class="turn-cost" data-testid="turn-cost" title="The turn's cost at list price">
-          {usdFromNano(item.cost)}
+        <span
+          class="turn-cost"
+          data-testid="turn-cost"
+          title="The agent's own estimate of this turn at list price for the model it asked for. Your budget is charged what the gateway books for each model call: the conversation's spend in the list and the month's spend below it."
+        >
+          ≈{usdFromNano(item.cost)} est.
         </span>
         <span title={`${input} input tokens (${u.cache_read_input_tokens || 0} from cache), ${u.output_tokens || 0} output tokens`}>
           {tokens(input)} in · {tokens(u.output_tokens)} out
