@@ -31,8 +31,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/outbox"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/outbox"
 )
 
 // Logs gives access to conversations' event logs (the harness).
