@@ -16,8 +16,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/localrun"
-	"github.com/talkide/talkide/internal/sandbox"
 )
 
 func main() {
@@ -34,7 +34,7 @@ func run(ctx context.Context, args []string) error {
 	if len(args) != 1 || args[0] != "run" {
 		return fmt.Errorf("usage: talkide run")
 	}
-	if err := sandbox.Harden(); err != nil {
+	if err := harden.Process(); err != nil {
 		return err
 	}
 	// Every TALKIDE_* setting of the user reaches the control plane and the
