@@ -22,6 +22,7 @@ func TestDeps(t *testing.T) {
 		in + "workerclient": "only the control plane calls workers",
 		in + "worker/...":   "the worker runs as its own process (talkide-worker)",
 		in + "harness":      "agents run in the worker's process",
+		in + "sessionstore": "the SessionStore is the worker's, on its volume",
 		in + "sandbox":      "agents are confined by the worker",
 		in + "claudecli":    "the CLI is started by the worker",
 		in + "buildjob":     "builds are dispatched by the worker",

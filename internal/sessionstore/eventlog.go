@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
 )
 
@@ -267,7 +268,7 @@ func (l *EventLog) compactLocked() error {
 		b.Write(line)
 		b.WriteByte('\n')
 	}
-	if err := WriteFileAtomic(l.path, b.Bytes(), 0o600); err != nil {
+	if err := atomicfile.WriteFile(l.path, b.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("compact event log: %w", err)
 	}
 	f, err := os.OpenFile(l.path, os.O_RDWR, 0o600)
