@@ -153,6 +153,9 @@ type Config struct {
 	// commit starts, unless Ticket.Begin starts it earlier. Default
 	// CommitDelay (the constant).
 	CommitDelay time.Duration
+	// Now is the service's clock: it decides a call's period, reservation
+	// expiry and fair-use window. Default time.Now.
+	Now func() time.Time
 }
 
 // Service is the UserBudgetService over the control-plane database
@@ -162,9 +165,7 @@ type Config struct {
 type Service struct {
 	db  *controlstore.DB
 	cfg Config
-	// clock is the time source (func() time.Time); tests replace it.
-	clock atomic.Value
-	log   *slog.Logger
+	log *slog.Logger
 
 	ops chan *op
 	// conn is a token (capacity 1) held by whoever uses the writer's
@@ -223,16 +224,18 @@ func NewService(db *controlstore.DB, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	s := &Service{db: db, cfg: cfg, log: cfg.Logger,
 		ops: make(chan *op, 1024), conn: make(chan struct{}, 1), pgLeader: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		syncDone: make(chan struct{})}
-	s.clock.Store(time.Now)
 	go s.writer()
 	go s.syncer()
 	return s
 }
 
-func (s *Service) now() time.Time { return s.clock.Load().(func() time.Time)() }
+func (s *Service) now() time.Time { return s.cfg.Now() }
 
 // Close stops the writer after it committed every operation already queued.
 // Calls after Close fail with ErrClosed. Close is idempotent.

@@ -153,7 +153,15 @@ type Store struct {
 	// many again, the oldest are dropped down to KeepEvents. 0 keeps all.
 	// Set it before opening logs.
 	KeepEvents int
+	// RecentEvents is how many newest events each open event log keeps in
+	// memory, so that live subscribers never touch the file; a follower
+	// further behind reads the file. 0 means DefaultRecentEvents. Set it
+	// before opening logs.
+	RecentEvents int
 }
+
+// DefaultRecentEvents is Store.RecentEvents when unset.
+const DefaultRecentEvents = 4096
 
 // Open returns the store rooted at dir, creating it (0700) if needed.
 func Open(dir string) (*Store, error) {

@@ -355,7 +355,8 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	budget := newFDBudget(httpapi.OpenFilesLimit(), openFiles(httpapi.OpenFilesLimit()), maxProcs)
 	var h *harness.Harness
-	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() }, c.SessionDir, c.MinFreeDisk)
+	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() },
+		cachedFor(openFilesTTL, func() int { return openFiles(budget.Limit) }), c.SessionDir, c.MinFreeDisk)
 	log.Info("open-files budget", "budget", budget.String(), "min_free_disk_mib", c.MinFreeDisk>>20, "go_memory_limit_mib", limits.memLimit>>20)
 	ln = httpapi.LimitListener(ln, budget.MaxConns, "this worker serves its limit of connections; retry shortly")
 	probe := agent
