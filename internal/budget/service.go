@@ -36,6 +36,9 @@ type DenyError struct {
 	Limit     NanoUSD
 	Committed NanoUSD // spent + reserved
 	Needed    NanoUSD // the call's worst case
+	// Resets is when Period ends and the user's spending starts again
+	// from zero (PeriodKind.End of the call's time).
+	Resets time.Time
 }
 
 func (e *DenyError) Error() string {
@@ -302,7 +305,7 @@ func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error)
 	}
 	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
-	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}}
+	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), resets: s.cfg.Period.End(now), now: now}}
 	if err := s.enqueue(ctx, o); err != nil {
 		return Reservation{}, err
 	}
@@ -331,6 +334,8 @@ type reserveArgs struct {
 	call   Call
 	id     string
 	period string
+	// resets is when period ends.
+	resets time.Time
 	now    time.Time
 	// outcome is set by the store: ok, budget, fair_use_requests,
 	// fair_use_tokens.
@@ -345,7 +350,7 @@ func (r *reserveArgs) result() error {
 	case "ok":
 		return nil
 	case "budget":
-		return &DenyError{UserID: r.call.UserID, Period: r.period, Limit: r.limit, Committed: r.committed, Needed: r.call.Amount}
+		return &DenyError{UserID: r.call.UserID, Period: r.period, Limit: r.limit, Committed: r.committed, Needed: r.call.Amount, Resets: r.resets}
 	case "fair_use_requests", "fair_use_tokens":
 		return &FairUseError{UserID: r.call.UserID, Limit: strings.TrimPrefix(r.outcome, "fair_use_"), RetryAfter: max(r.retryAfter, time.Second)}
 	}

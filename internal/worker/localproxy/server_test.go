@@ -420,3 +420,41 @@ func TestLocalProxyGatewayUnreachableIs502(t *testing.T) {
 		t.Errorf("answer contains the minted token: %s", got.body)
 	}
 }
+
+// TestLocalProxyRetriesExpiredToken: the gateway answers an expired
+// WorkerToken with 401 and x-should-retry: false (true for a client that
+// resends its token); behind the local proxy the retried request carries a
+// freshly minted token, so the CLI is told to retry. Any other 401 passes
+// through as it came, body and all.
+func TestLocalProxyRetriesExpiredToken(t *testing.T) {
+	for _, tc := range []struct {
+		name, code, wantRetry string
+	}{
+		{"expired token", contract.ErrCodeTokenExpired, "true"},
+		{"other 401", "", "false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var details map[string]any
+			if tc.code != "" {
+				details = map[string]any{"error_code": tc.code}
+			}
+			gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("x-should-retry", "false")
+				anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "refused", "req_1", details)
+			}))
+			t.Cleanup(gw.Close)
+			gwURL, _ := url.Parse(gw.URL)
+			s, _ := startProxy(t, &localproxy.NoOpGatewayProxy{Upstream: gwURL})
+			secret := localproxy.NewPlaceholderSecret()
+			s.Register(convA, secret)
+			got := send(t, http.MethodPost, s.BaseURL(convA)+"/v1/messages", http.Header{"X-Api-Key": {secret}, "Content-Type": {"application/json"}}, messagesBody)
+			if got.status != http.StatusUnauthorized || got.header.Get("x-should-retry") != tc.wantRetry {
+				t.Errorf("got %d x-should-retry %q, want 401 %q", got.status, got.header.Get("x-should-retry"), tc.wantRetry)
+			}
+			var env anthropic.ErrorEnvelope
+			if err := json.Unmarshal(got.body, &env); err != nil || env.Error.Message != "refused" {
+				t.Errorf("body: got %q (%v), want the gateway's envelope unchanged", got.body, err)
+			}
+		})
+	}
+}
