@@ -20,14 +20,19 @@ include deploy/versions.env
 HELM := $(CURDIR)/.cache/tools/helm-$(HELM_VERSION)/helm
 HELM3 := $(CURDIR)/.cache/tools/helm-$(HELM3_VERSION)/helm
 
+# The browser UI's npm packages are installed again only when the lockfile
+# changes: the stamp's name is the lockfile's sha256.
+WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json | cut -d' ' -f1)
+
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
-.PHONY: run test tools build vet fmt-check clean chaos
+.PHONY: run test tools build vet fmt-check clean chaos web
 
 ## tools: install the pinned Claude Code CLI into .tools/ (git-ignored),
-## bubblewrap, which jails each agent, and Gradle with JUnit 4, which the local
-## build runner runs (Debian's packages; as root via apt-get)
-tools: $(CLAUDE_STAMP) bwrap gradle
+## bubblewrap, which jails each agent, Gradle with JUnit 4, which the local
+## build runner runs, and Chromium, which the browser tests drive (Debian's
+## packages; as root via apt-get)
+tools: $(CLAUDE_STAMP) bwrap gradle chromium
 
 .PHONY: bwrap
 bwrap:
@@ -54,12 +59,26 @@ gradle:
 			echo "gradle and junit4 are needed for builds on this machine: install them (Debian: sudo apt-get install gradle junit4)" >&2; \
 		fi; }
 
+# Debian's chromium: the headless browser the browser tests drive
+# (internal/e2e/browser_test.go, through playwright-core). Without root it
+# is named and the rest goes on; the browser test then fails saying so.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's chromium (the browser tests' headless browser; about 1 minute)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium >/dev/null; \
+		else \
+			echo "chromium is needed for the browser tests: install it (Debian: sudo apt-get install chromium)" >&2; \
+		fi; }
+
 # The stamp's name holds the version, so a new version.txt misses it and
 # reinstalls; version.txt is not a prerequisite, or a fresh checkout (a git
 # worktree sharing .tools/) would look newer than the install and reinstall
 # the CLI under everyone who shares it.
 $(CLAUDE_STAMP):
 	@command -v npm >/dev/null || { echo "npm is required to install the Claude Code CLI" >&2; exit 1; }
+	@echo "installing the pinned Claude Code CLI $(CLAUDE_CODE_VERSION) from npm into .tools/ (about a minute, once per version)"
 	rm -rf $(CLAUDE_DIR) && mkdir -p $(CLAUDE_DIR)
 	cd $(CLAUDE_DIR) && npm install --no-save --no-audit --no-fund --loglevel=error \
 		--prefix $(CLAUDE_DIR) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
@@ -67,19 +86,37 @@ $(CLAUDE_STAMP):
 		{ echo "installed Claude Code CLI is $$v, want $(CLAUDE_CODE_VERSION)" >&2; exit 1; }
 	touch $@
 
-## build: compile every binary into bin/
-build:
+## web: bundle the browser UI (web/src) into internal/webui/dist, which the
+## control plane embeds; installs its npm packages first when
+## web/package-lock.json changed (web/node_modules, git-ignored)
+web: $(WEB_STAMP)
+	@echo "bundling the browser UI (web/src into internal/webui/dist)"
+	@node web/build.mjs
+
+$(WEB_STAMP):
+	@command -v npm >/dev/null || { echo "npm is required to build the browser UI (Debian: sudo apt-get install npm)" >&2; exit 1; }
+	@echo "installing the UI's npm packages (first time: ~10 s)"
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+## build: compile every binary into bin/ (the browser UI bundled first)
+build: web
+	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: on a machine whose Go caches are empty this downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores; later builds take seconds"
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## run: the whole platform on this machine (control plane, one worker, dev upstream)
-run: tools build
+run: tools web build
 	$(BIN)/talkide run
 
 ## test: every test, with the race detector, against the real CLI, PostgreSQL
 ## and the test cluster (built first by cluster-bins); the chart tests use the
 ## pinned Helms (helm) and the images (images)
-test: tools cluster-bins helm images vet fmt-check tidy-check
+test: tools web cluster-bins helm images vet fmt-check tidy-check
+	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
+	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
+	@echo "go test -race ./...: about 15 minutes on 2 cores (longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
+	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
 vet:
 	$(GO) vet ./...
@@ -99,7 +136,7 @@ helm: $(HELM) $(HELM3)
 
 # The version is in the path: a new pin builds anew, the old one is left.
 $(CURDIR)/.cache/tools/helm-%/helm:
-	@echo "building helm $* from the Go module proxy (a few minutes the first time; cached in $(@D))"
+	@echo "building helm $* from the Go module proxy into $(@D): 2.5 to 3.5 minutes, once per pinned version"
 	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
@@ -110,7 +147,8 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 ## with debootstrap (root) and cached. Ends with one line per
 ## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
 .PHONY: images
-images: tools
+images: tools web
+	@echo "building the three container images into .cache/images/ (about a minute; the first time also the Debian bases of the worker and the Gradle builder with debootstrap, 2 to 3 minutes each)"
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
@@ -119,6 +157,7 @@ images: tools
 cluster-bins: $(K8S_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
+	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 20 to 45 minutes on 2 cores with an empty Go build cache, about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
@@ -132,6 +171,7 @@ cluster-down:
 
 clean:
 	rm -rf $(BIN) .talkide
+	find internal/webui/dist -mindepth 1 ! -name NOT-BUILT.txt -delete
 
 ## chaos: the worker crash test, longer (KILLS SIGKILLs of the worker; default 200)
 KILLS ?= 200
@@ -140,7 +180,7 @@ chaos: tools
 		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'
 
 ## bench-gateway: what the gateway-proxy adds in latency and throughput, direct vs
-## through it, on SQLite and PostgreSQL (README "Benchmark"); BENCH_FLAGS=-h lists options
+## through it, on SQLite and PostgreSQL (docs/benchmarks.md); BENCH_FLAGS=-h lists options
 .PHONY: bench-gateway
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
@@ -152,7 +192,7 @@ bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
 
 ## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
-## stand-in agents, per-turn overhead against the direct CLI (README
+## stand-in agents, per-turn overhead against the direct CLI (docs/benchmarks.md,
 ## "bench-worker"; needs root, bwrap and the pinned CLI of `make tools`; about
 ## 8 minutes). Not `tools` as a prerequisite: a worktree's fresh version.txt
 ## would look newer than a shared .tools/ and reinstall the CLI under others.

@@ -1,6 +1,6 @@
 // Tests of the repository as a whole: every package says what it is for,
-// once, and the README's layout table says truly which binary links each
-// package.
+// once, and the layout table (docs/architecture.md) says truly which binary
+// links each package.
 package talkide_test
 
 import (
@@ -17,6 +17,9 @@ import (
 )
 
 const module = "github.com/talkide/talkide/"
+
+// layoutFile holds the layout table, under "## Layout".
+const layoutFile = "docs/architecture.md"
 
 // TestEveryPackageHasOneDoc keeps the layout readable: each package (and
 // command) of the module says what it is for in a package comment, in one
@@ -67,7 +70,7 @@ var binaries = []struct{ name, pkg string }{
 	{"dev upstream", "./cmd/talkide-devupstream"},
 }
 
-// TestLayoutTable checks the README's layout table: it names every package
+// TestLayoutTable checks the layout table: it names every package
 // under internal/ and cmd/, and its "used by" column says which binaries
 // link each one ("no binary" for tests and tools), as go list -deps does.
 func TestLayoutTable(t *testing.T) {
@@ -79,7 +82,7 @@ func TestLayoutTable(t *testing.T) {
 			}
 		}
 	}
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile(layoutFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,13 +101,13 @@ func TestLayoutTable(t *testing.T) {
 				want = strings.Join(u, ", ")
 			}
 			if r.usedBy != want {
-				t.Errorf("README layout table: %s is used by %q, want %q (go list -deps of each binary)", path, r.usedBy, want)
+				t.Errorf("layout table: %s is used by %q, want %q (go list -deps of each binary)", path, r.usedBy, want)
 			}
 		}
 	}
 	for _, p := range modulePackages(t) {
 		if (strings.HasPrefix(p, "internal/") || strings.HasPrefix(p, "cmd/")) && !listed[p] {
-			t.Errorf("README layout table: package %s is missing; add a row saying what it is and which binary uses it", p)
+			t.Errorf("layout table: package %s is missing; add a row saying what it is and which binary uses it", p)
 		}
 	}
 }
@@ -115,7 +118,7 @@ type layoutRow struct{ paths, usedBy string }
 func layoutRows(t *testing.T, readme string) []layoutRow {
 	_, section, ok := strings.Cut(readme, "\n## Layout\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Layout" section`)
+		t.Fatal(layoutFile + ` has no "## Layout" section`)
 	}
 	var rows []layoutRow
 	inTable := false
@@ -133,7 +136,7 @@ func layoutRows(t *testing.T, readme string) []layoutRow {
 			cells[i] = strings.TrimSpace(cells[i])
 		}
 		if len(cells) < 3 {
-			t.Fatalf("README layout table: row %q: want | path | used by | what |", line)
+			t.Fatalf("layout table: row %q: want | path | used by | what |", line)
 		}
 		if cells[0] == "path" || strings.HasPrefix(cells[0], "---") {
 			continue
@@ -141,7 +144,7 @@ func layoutRows(t *testing.T, readme string) []layoutRow {
 		rows = append(rows, layoutRow{paths: cells[0], usedBy: cells[1]})
 	}
 	if len(rows) == 0 {
-		t.Fatal("README.md: no layout table under ## Layout")
+		t.Fatal(layoutFile + ": no layout table under ## Layout")
 	}
 	return rows
 }

@@ -292,7 +292,7 @@ func checkDefaultRender(t *testing.T, objs []*unstructured.Unstructured) {
 	for _, o := range objs {
 		kinds = append(kinds, o.GetKind()+"/"+o.GetName())
 		if o.GetKind() == "Secret" {
-			t.Errorf("the chart renders a Secret %s: secrets are the operator's (README)", o.GetName())
+			t.Errorf("the chart renders a Secret %s: secrets are the operator's (docs/deploying.md)", o.GetName())
 		}
 	}
 	for _, want := range []string{"ServiceAccount/talkide-controlplane", "Service/talkide-controlplane", "Deployment/talkide-controlplane",

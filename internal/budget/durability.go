@@ -18,7 +18,7 @@ const WALSyncInterval = 200 * time.Millisecond
 // syncer fsyncs the SQLite write-ahead log every WALSyncInterval when
 // something was committed since the last time, on its own goroutine: an
 // fsync after every batch made the writer wait on the disk, and fsyncs
-// racing the writer's appends slowed both (measured: README "Benchmark").
+// racing the writer's appends slowed both (measured: docs/benchmarks.md).
 // It stops after a last sync once the writer has stopped.
 func (s *Service) syncer() {
 	defer close(s.syncDone)

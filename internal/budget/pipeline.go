@@ -15,7 +15,7 @@ import (
 // (Config.CommitDelay), before its commit starts, unless Ticket.Begin
 // starts it sooner: long enough for the gateway to have forwarded the call
 // (a commit started at once competed with the forwarding for the CPU:
-// measured, README "Benchmark"), and for the reservations of calls arriving
+// measured, docs/benchmarks.md), and for the reservations of calls arriving
 // meanwhile to join the same batch; far shorter than any upstream takes to
 // answer.
 const CommitDelay = 2 * time.Millisecond

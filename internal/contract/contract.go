@@ -102,6 +102,10 @@ type ErrorBody struct {
 type ErrorDetail struct {
 	Type    string `json:"type"`
 	Message string `json:"message"`
+	// RequestID is the id of the request that failed (also in the
+	// X-Request-Id header): it finds the request's lines in the logs of
+	// every TalkIDE process it crossed.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Error types used in ErrorDetail.Type, with the HTTP status they go with.

@@ -14,6 +14,8 @@ package contract_test
 //   - every worker path constant is documented with the method, request and
 //     answer its comment in contract.go names, and the worker and control
 //     plane register exactly the documented routes;
+//   - the error tables of docs/worker-api.md and docs/browser-api.md list
+//     every ErrType* with its status (TestErrorTablesDocumented);
 //   - the request-token scheme as docs/worker-api.md describes it (HKDF label,
 //     claims, HS256 with kid, body hash) produces tokens the real verifier
 //     accepts.
@@ -44,6 +46,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/talkide/talkide/internal/apidoc"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -627,6 +630,42 @@ func TestConstantEnumsDocumented(t *testing.T) {
 		for docName, doc := range map[string]*openapi3.T{"openapi.yaml": worker, "browser-openapi.yaml": browser} {
 			if got := enumOf(t, docName, doc, tc.schema); !slices.Equal(got, want) {
 				t.Errorf("%s: %s enum %v, want %v (%s constants)", docName, tc.schema, got, want, tc.what)
+			}
+		}
+	}
+}
+
+// TestErrorTablesDocumented: the error table of docs/worker-api.md (§6) and
+// of docs/browser-api.md (§4) each has one row per ErrType* constant, with
+// the status its comment in contract.go gives, and no other type. (Which
+// endpoint answers which error is internal/e2e's TestDocumentedErrors.)
+func TestErrorTablesDocumented(t *testing.T) {
+	consts := contractConsts(t)
+	want := map[string]int{} // type → status
+	for name, value := range errorTypes {
+		st, err := strconv.Atoi(consts[name].comment)
+		if err != nil {
+			t.Fatalf("contract.%s: its comment %q is not its HTTP status", name, consts[name].comment)
+		}
+		want[value] = st
+	}
+	for _, name := range []string{"docs/worker-api.md", "docs/browser-api.md"} {
+		d, err := apidoc.Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for typ, st := range want {
+			row, ok := d.Types[typ]
+			switch {
+			case !ok:
+				t.Errorf("%s: the error table has no row for %s (%d): add one, saying when it is answered or that it is not used", name, typ, st)
+			case row.Status != st:
+				t.Errorf("%s:%d: error type %s has status %d, want %d (contract.go)", name, row.Line, typ, row.Status, st)
+			}
+		}
+		for typ, row := range d.Types {
+			if _, ok := want[typ]; !ok {
+				t.Errorf("%s:%d: error type %s is no contract.ErrType* constant", name, row.Line, typ)
 			}
 		}
 	}

@@ -2,27 +2,26 @@ package controlplane
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/webui"
 	"github.com/talkide/talkide/internal/workerclient"
 )
-
-//go:embed page.html
-var page []byte
 
 // NewServer assembles the control plane over db, with the gateway-proxy,
 // budget and metrics of spend (see newSpendParts). cfg must have passed
 // Validate.
 func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mint.Handler) {
 	master := cfg.MasterKeys[0]
+	cfg.Logger = httpapi.WithRequestIDs(cfg.Logger)
 	s := &Server{
 		cfg: cfg, db: db, master: master, log: cfg.Logger, mux: http.NewServeMux(),
 		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
@@ -58,13 +57,21 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
 	s.registerWorkersAPI()
-	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
-		w.Write(page)
-	})
-	s.handler = httpapi.Routes(s.mux, s.log)
+	// The browser UI (internal/webui): the page and its hashed assets.
+	ui := webui.Handler(s.log)
+	s.mux.Handle("GET /{$}", ui)
+	s.mux.Handle("GET "+webui.AssetsPrefix, ui)
+	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log), workerFacing)
 	return s, m
+}
+
+// workerFacing reports whether r is on a route only TalkIDE processes call
+// (the gateway-proxy, the mint, worker reports), whose X-Request-Id is kept
+// so a model call's lines in the worker's and the control plane's logs share
+// an id. A browser's id is never kept: the control plane makes its own.
+func workerFacing(r *http.Request) bool {
+	p := r.URL.Path
+	return p == contract.PathMint || strings.HasPrefix(p, contract.PathGatewayPrefix+"/") || strings.HasPrefix(p, contract.PathReportPrefix+"/")
 }
 
 // Run opens the database, sets up the dev user if configured, and serves on
@@ -80,6 +87,7 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 // RunWith is Run with the handler wrapped by wrap (when non-nil), for tests
 // that observe traffic.
 func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Handler) http.Handler) error {
+	cfg.Logger = httpapi.WithRequestIDs(cfg.Logger) // lines about a request carry its id
 	db, err := OpenDB(ctx, cfg)
 	if err != nil {
 		return err

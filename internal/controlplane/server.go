@@ -463,7 +463,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 					// End the browser's stream rather than keep it open
 					// with nothing behind it: it reconnects, and is
 					// answered 503 while this process is out of files.
-					s.log.Warn("cannot reconnect to the worker: out of open files; ending the browser stream", "conversation", c.ID, "err", err)
+					s.log.WarnContext(ctx, "cannot reconnect to the worker: out of open files; ending the browser stream", "conversation", c.ID, "err", err)
 					return
 				}
 				if err != nil {
@@ -484,7 +484,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 				ev, err := es.Next()
 				if err != nil {
 					if ctx.Err() == nil && !errors.Is(err, io.EOF) {
-						s.log.Info("worker event stream broke; reconnecting", "conversation", c.ID, "after", after, "err", err)
+						s.log.InfoContext(ctx, "worker event stream broke; reconnecting", "conversation", c.ID, "after", after, "err", err)
 					}
 					break
 				}

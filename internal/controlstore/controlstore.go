@@ -51,6 +51,9 @@ type DB struct {
 // ErrNotFound is returned when a record does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrExists is returned by CreateUser when the user already exists.
+var ErrExists = errors.New("already exists")
+
 // OpenSQLite opens (creating if needed) the SQLite database at path and
 // migrates it. WAL mode and a busy timeout let several goroutines share it;
 // write transactions take the lock at BEGIN (immediate), which makes
@@ -181,6 +184,33 @@ func (db *DB) UpsertUser(ctx context.Context, u User, grants ...[2]string) error
 	for _, g := range grants {
 		if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO grants (user_id, tenant, env) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`), u.ID, g[0], g[1]); err != nil {
 			return fmt.Errorf("upsert user grant: %w", err)
+		}
+	}
+	return tx.Commit()
+}
+
+// CreateUser creates the user with the given tenant-env grants, or returns
+// ErrExists (and changes nothing) when a user of that id exists: unlike
+// UpsertUser it never replaces someone's token.
+func (db *DB) CreateUser(ctx context.Context, u User, grants ...[2]string) error {
+	tx, err := db.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create user: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, db.Q(`INSERT INTO users (id, token_hash, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING`),
+		u.ID, u.TokenHash, Millis(time.Now()))
+	if err != nil {
+		return fmt.Errorf("create user: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("create user: %w", err)
+	} else if n == 0 {
+		return fmt.Errorf("create user %s: %w", u.ID, ErrExists)
+	}
+	for _, g := range grants {
+		if _, err := tx.ExecContext(ctx, db.Q(`INSERT INTO grants (user_id, tenant, env) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`), u.ID, g[0], g[1]); err != nil {
+			return fmt.Errorf("create user grant: %w", err)
 		}
 	}
 	return tx.Commit()

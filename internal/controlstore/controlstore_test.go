@@ -41,6 +41,7 @@ func TestConformance(t *testing.T) {
 		"DialectRoundTrip": testDialectTypes,
 		"WorkerRecords":    testWorkerRecords,
 		"IdentityRetiring": testIdentityRetiring,
+		"CreateUser":       testCreateUser,
 	}
 	for store, open := range openers {
 		t.Run(store, func(t *testing.T) {
@@ -140,5 +141,29 @@ func TestQRebind(t *testing.T) {
 	lite := &DB{Dialect: SQLite}
 	if got := lite.Q("a = ?"); got != "a = ?" {
 		t.Errorf("got %q", got)
+	}
+}
+
+// testCreateUser: CreateUser refuses an existing id and leaves that user's
+// token and grants as they were.
+func testCreateUser(t *testing.T, db *DB) {
+	ctx := t.Context()
+	if err := db.CreateUser(ctx, User{ID: "alice", TokenHash: "ha"}, [2]string{"demo", "dev"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateUser(ctx, User{ID: "alice", TokenHash: "hb"}, [2]string{"acme", "prod"}); !errors.Is(err, ErrExists) {
+		t.Errorf("second create: got %v, want ErrExists", err)
+	}
+	if u, err := db.UserByTokenHash(ctx, "ha"); err != nil || u.ID != "alice" {
+		t.Errorf("the first token after a refused create: got %+v, %v; want alice", u, err)
+	}
+	if _, err := db.UserByTokenHash(ctx, "hb"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the refused create's token: got %v, want ErrNotFound", err)
+	}
+	if ok, err := db.HasGrant(ctx, "alice", "acme", "prod"); err != nil || ok {
+		t.Errorf("the refused create's grant: got %v, %v; want none", ok, err)
+	}
+	if ok, err := db.HasGrant(ctx, "alice", "demo", "dev"); err != nil || !ok {
+		t.Errorf("grant: got %v, %v; want demo/dev", ok, err)
 	}
 }

@@ -22,8 +22,8 @@ type ConversationSummary struct {
 	Title string
 	// Named is true when Title was set by the user (rename).
 	Named bool
-	// LastActivity is the time of the newest reported event, else the
-	// creation time.
+	// LastActivity is the time of the newest reported event (by event id:
+	// one index seek, however long the log), else the creation time.
 	LastActivity time.Time
 	// Running is true when the newest reported turn boundary is a turn
 	// start (a turn is in progress, as far as the reports have come).
@@ -60,7 +60,7 @@ var ErrBadCursor = errors.New("invalid cursor")
 // summaryColumns selects a ConversationSummary of conversation c.
 const summaryColumns = `c.id, c.tenant, c.env, c.user_id, c.model, c.created_at, c.title,
 	(SELECT a.summary FROM activity_log a WHERE a.conversation_id = c.id AND a.type = 'user_message' ORDER BY a.event_id LIMIT 1),
-	(SELECT MAX(a.at) FROM activity_log a WHERE a.conversation_id = c.id),
+	(SELECT a.at FROM activity_log a WHERE a.conversation_id = c.id ORDER BY a.event_id DESC LIMIT 1),
 	(SELECT a.type FROM activity_log a WHERE a.conversation_id = c.id AND a.type IN ('turn_started', 'turn_completed', 'turn_failed') ORDER BY a.event_id DESC LIMIT 1),
 	(SELECT COUNT(DISTINCT r.ref) FROM activity_log r WHERE r.conversation_id = c.id AND r.type = 'permission_requested' AND r.ref <> ''
 		AND NOT EXISTS (SELECT 1 FROM activity_log x WHERE x.conversation_id = r.conversation_id AND x.type = 'permission_resolved' AND x.ref = r.ref AND x.event_id > r.event_id)),

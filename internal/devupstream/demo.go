@@ -55,6 +55,10 @@ const maxQuoted = 8000
 //     "Run <span>"}, stop_reason "tool_use".
 //  6. Otherwise: text echoing the prompt (first 200 characters) with a hint.
 //
+// The worker's continuation after a restart cut a permission wait ("(TalkIDE:
+// the session was restarted while you waited for permission to use T. …")
+// is answered, as a model would, with T's last call again, same input.
+//
 // File edits come before rule 2, so the agent can read before it edits, as
 // Claude Code requires: a text "create file `P` containing `T`" is answered
 // with a Write of T to P, and "in `P` replace `A` with `B`" with a Read of
@@ -98,6 +102,9 @@ func (DemoResponder) Respond(req *Request) Response {
 		return Response{Content: []ContentBlock{Text(schemaAnswer(req.OutputSchema, titleWords(lastUserText(req.Messages))))}}
 	}
 	if r, ok := fileEdit(req); ok {
+		return r
+	}
+	if r, ok := continueAfterRestart(req); ok {
 		return r
 	}
 	if last := lastNonSystem(req.Messages); last != nil && last.Role == "user" {

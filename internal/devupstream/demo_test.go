@@ -383,3 +383,34 @@ func TestToolResultRoundTripOverHTTP(t *testing.T) {
 		t.Errorf("stop_reason: got %v, want end_turn", a.StopReason)
 	}
 }
+
+// TestDemoContinuesAfterARestart: the worker's continuation text after a
+// restart cut a permission wait gets the named tool's last call again, with
+// the same input; its result is then quoted, not repeated again.
+func TestDemoContinuesAfterARestart(t *testing.T) {
+	tools := []string{"Bash"}
+	asked := `{"role":"user","content":"please run ` + "`touch a && echo ok`" + `"}`
+	call := `{"role":"assistant","content":[{"type":"text","text":"I'll run that."},{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"touch a && echo ok","description":"Run it"}}]}`
+	cut := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"interrupted","is_error":true}]}`
+	cont := `{"role":"user","content":"(TalkIDE: the session was restarted while you waited for permission to use Bash. Continue the task: request that tool call again, with the same input.)"}`
+	r := demoRespond(t, reqWith(t, tools, asked, call, cut, cont))
+	var use *ContentBlock
+	for i := range r.Content {
+		if r.Content[i].Type == "tool_use" {
+			use = &r.Content[i]
+		}
+	}
+	var in map[string]string
+	if use != nil {
+		json.Unmarshal(use.Input, &in)
+	}
+	if use == nil || use.Name != "Bash" || in["command"] != "touch a && echo ok" || in["description"] != "Run it" {
+		t.Fatalf("continuation answered %+v, want the Bash call again", r.Content)
+	}
+	again := `{"role":"assistant","content":[{"type":"tool_use","id":"toolu_2","name":"Bash","input":{"command":"touch a && echo ok"}}]}`
+	done := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_2","content":"ok"}]}`
+	r = demoRespond(t, reqWith(t, tools, asked, call, cut, cont, again, done))
+	if len(r.Content) != 1 || r.Content[0].Type != "text" || !strings.Contains(r.Content[0].Text, "ok") {
+		t.Fatalf("after the repeated call: %+v, want the result quoted", r.Content)
+	}
+}

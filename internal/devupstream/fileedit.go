@@ -97,3 +97,38 @@ func absPath(req *Request, p string) string {
 	}
 	return p
 }
+
+// continuationPrefix starts the text the worker sends when a restart cut a
+// turn that waited for a permission (internal/harness, permissions.go).
+const continuationPrefix = "(TalkIDE: the session was restarted while you waited for permission to use "
+
+// continueAfterRestart answers that text with the named tool's newest call
+// again, same input, as a model asked to "request that tool call again"
+// would; ok is false for any other text or when no such call is found, and
+// once the repeated call has its result (rule 2 then quotes it).
+func continueAfterRestart(req *Request) (Response, bool) {
+	text, since := userTextAndToolsSince(req.Messages)
+	rest, ok := cutPrefixFold(strings.TrimSpace(text), continuationPrefix)
+	if !ok || len(since) > 0 {
+		return Response{}, false
+	}
+	tools, _, _ := strings.Cut(rest, ". ")
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		m := req.Messages[i]
+		if m.Role != "assistant" {
+			continue
+		}
+		for j := len(m.Content) - 1; j >= 0; j-- {
+			b := m.Content[j]
+			if b.Type != "tool_use" || !strings.Contains(", "+tools+",", ", "+b.Name+",") {
+				continue
+			}
+			input := b.Input
+			if len(input) == 0 {
+				input = []byte("{}")
+			}
+			return Response{Content: []ContentBlock{Text("I'll try that again."), {Type: "tool_use", Name: b.Name, Input: input}}}, true
+		}
+	}
+	return Response{}, false
+}

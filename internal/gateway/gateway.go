@@ -16,7 +16,7 @@
 // refusal. Errors use Anthropic's error envelope. Metrics (metrics.go) and
 // the x-talkide-gateway-overhead-ms response header measure what it adds.
 //
-// Decisions (see also README "Gateway-proxy"):
+// Decisions (see also docs/gateway.md):
 //   - Compression: the gateway asks the upstream for identity encoding. An
 //     upstream that compresses anyway is passed through unchanged (the
 //     client decodes it); gzip and deflate are decoded on the tee for
@@ -287,7 +287,13 @@ type refusal struct {
 // ServeHTTP handles one call.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	reqID := gatewayRequestID()
+	// The caller's id (the worker's local proxy sends its own, kept by
+	// the control plane's request-id middleware) names the call in both
+	// processes' logs; a call that came without one gets a gateway id.
+	reqID := httpapi.RequestID(r.Context())
+	if reqID == "" {
+		reqID = gatewayRequestID()
+	}
 	apiPath := strings.TrimPrefix(r.URL.Path, contract.PathGatewayPrefix)
 	c, ref := h.admit(w, r, apiPath, reqID, start)
 	if ref != nil {

@@ -115,7 +115,7 @@ func WriteError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err er
 			w.Header().Add(k, v)
 		}
 	}
-	WriteJSON(w, he.Status, contract.ErrorBody{Error: contract.ErrorDetail{Type: he.Type, Message: he.Msg}})
+	WriteJSON(w, he.Status, contract.ErrorBody{Error: contract.ErrorDetail{Type: he.Type, Message: he.Msg, RequestID: RequestID(r.Context())}})
 }
 
 // WriteJSON writes v as JSON with status.
@@ -223,7 +223,17 @@ func JoinURL(base *url.URL, elem ...string) *url.URL {
 // Routes wraps mux so that requests no pattern matches get the JSON error
 // shape: 404 not_found, or 405 method_not_allowed with the Allow header when
 // the path exists for other methods.
+//
+// It also turns a handler's panic into a 500 in that shape (when nothing was
+// written yet) with one error log line holding the stack, and logs each
+// request once it is answered: method, path, status and duration, at debug
+// level for a successful GET, else at info (with the request id, when the
+// logger is WithRequestIDs').
 func Routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
+	return logRequests(log, recoverPanics(log, routes(mux, log)))
+}
+
+func routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {

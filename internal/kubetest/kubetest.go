@@ -79,7 +79,7 @@ func Shared(t testing.TB) *Cluster {
 	})
 	if shared.err != nil {
 		t.Fatalf("kubetest: the test cluster did not start: %v\n"+
-			"Build its binaries with `make cluster-bins` (README, \"Test cluster\").", shared.err)
+			"Build its binaries with `make cluster-bins` (docs/testing.md, \"Test cluster\").", shared.err)
 	}
 	return shared.cluster
 }

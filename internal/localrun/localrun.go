@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,6 +130,9 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		ln.Close()
 	}
+	if err := recordAddr(cfg.StateDir, cfg.HTTPAddr); err != nil {
+		return err
+	}
 	master, err := loadOrCreateMaster(filepath.Join(cfg.StateDir, "master.key"))
 	if err != nil {
 		return err
@@ -223,7 +227,22 @@ func Run(ctx context.Context, cfg Config) error {
 		defer close(done)
 		supervise(ctx, procs)
 	}()
-	if err := waitHealthy(ctx, cpURL+"/healthz", 90*time.Second, procs); err != nil {
+	what := "the control plane and the worker (" + cfg.Tenant + "/" + cfg.Env + ")"
+	if cfg.APIKey == "" {
+		what += " and the development upstream"
+	}
+	progress := func(waited time.Duration, last error) {
+		why := ""
+		var ue *url.Error
+		switch {
+		case errors.As(last, &ue):
+			why = " (the control plane does not answer yet)"
+		case last != nil:
+			why = " (" + last.Error() + ")"
+		}
+		fmt.Fprintf(cfg.Out, "still starting %s after %s%s: normal on a first start, when the worker checks the CLI and its jail; it gives up after 90 s\n", what, waited.Round(time.Second), why)
+	}
+	if err := waitHealthy(ctx, cpURL+"/healthz", 90*time.Second, procs, progress); err != nil {
 		cancel()
 		<-done
 		return fmt.Errorf("platform did not become healthy (see %s): %w", filepath.Join(cfg.StateDir, "logs"), err)
@@ -237,6 +256,7 @@ TalkIDE is running.
   Model upstream:     %[5]s
   State and logs:     %[6]s
   Metrics token:      %[7]s   (GET /metrics: Authorization: Bearer <token>)
+  Another user:       %[8]s user add NAME   (prints their URL and token)
 
 Try it from a shell:
   T=%[2]s
@@ -246,9 +266,20 @@ Try it from a shell:
   curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
 
 Stop with Ctrl-C.
-`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote)
+`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote, addUserCommand(cfg.StateDir, cfg.BinDir))
 	<-done
 	return nil
+}
+
+// addUserCommand is the command line that adds a user to this run: with
+// the state dir named when it is not the default (user add would not find
+// it otherwise).
+func addUserCommand(state, binDir string) string {
+	cmd := filepath.Join(binDir, "talkide") + " user add NAME"
+	if def, err := filepath.Abs(".talkide"); err != nil || def != state {
+		cmd = "TALKIDE_STATE_DIR=" + state + " " + cmd
+	}
+	return cmd
 }
 
 func freeAddr() (string, error) {
@@ -313,13 +344,20 @@ func issueIdentity(ctx context.Context, dbPath string, master token.MasterKey, t
 	return mint.New(db, master, slog.New(slog.DiscardHandler)).IssueIdentity(ctx, tenant, env, 0)
 }
 
+// slowStartReports are when waitHealthy reports a start that takes long.
+var slowStartReports = []time.Duration{10 * time.Second, 30 * time.Second, 60 * time.Second}
+
 // waitHealthy polls url until it answers 200. It gives up early when a
 // process keeps dying before the platform is up, naming it and quoting the
-// end of its log.
-func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*proc) error {
+// end of its log. A start that takes long is reported to progress (when
+// not nil) after 10, 30 and 60 s, with what healthz last said; a quick one
+// says nothing.
+func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*proc, progress func(waited time.Duration, last error)) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var last error
+	start := time.Now()
+	reports := slices.Clone(slowStartReports)
 	ownUpstream := slices.ContainsFunc(procs, func(p *proc) bool { return p.name == "devupstream" })
 	for {
 		for _, p := range procs {
@@ -350,6 +388,12 @@ func waitHealthy(ctx context.Context, url string, limit time.Duration, procs []*
 			}
 		}
 		last = err
+		if waited := time.Since(start); len(reports) > 0 && waited >= reports[0] {
+			reports = reports[1:]
+			if progress != nil {
+				progress(waited, last)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return last

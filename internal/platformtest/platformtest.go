@@ -231,6 +231,18 @@ func (p *Platform) RestartWorker() {
 	p.waitHealthy()
 }
 
+// StopWorker stops the worker (as SIGTERM would) and leaves it stopped:
+// the control plane then finds it unreachable.
+func (p *Platform) StopWorker() {
+	p.mu.Lock()
+	s := p.stopWorker
+	p.stopWorker = nil
+	p.mu.Unlock()
+	if s != nil {
+		s()
+	}
+}
+
 // RestartControlPlane stops the control plane (cutting every browser
 // stream) and starts it again on the same address and database.
 func (p *Platform) RestartControlPlane() {

@@ -212,7 +212,7 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 					ServiceAccountName:            WorkerName,
 					AutomountServiceAccountToken:  ptr.To(true), // Leases, and build Jobs
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
-					// Containment (README "Agent containment"): a user
+					// Containment (docs/security.md, "Agent containment"): a user
 					// namespace, so the worker's root (which gives each
 					// agent a uid of its own and builds its jail) is an
 					// unprivileged uid on the node.

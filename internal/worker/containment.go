@@ -21,7 +21,7 @@ const (
 	ContainmentStrict = "strict"
 	// ContainmentWeak runs agents as plain child processes of their own
 	// uid, for hosts that cannot give the worker what a jail needs. An
-	// operator opts into it knowing what it loses (README, security model).
+	// operator opts into it knowing what it loses (docs/security.md).
 	ContainmentWeak = "weak"
 )
 

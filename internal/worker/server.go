@@ -54,7 +54,7 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 		h:         h,
 		verifier:  token.NewVerifier(token.PurposeWorkerRequest, keys...).ForSubject(tenant, env),
 		replay:    token.NewReplayCache(),
-		log:       log,
+		log:       httpapi.WithRequestIDs(log),
 		heartbeat: 15 * time.Second,
 		mux:       http.NewServeMux(),
 	}
@@ -80,7 +80,9 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 		}
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	s.handler = httpapi.Routes(s.mux, log)
+	// Every caller of the worker API is a control plane or a peer replica
+	// (requests are token-checked), so their request ids are kept.
+	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log), func(*http.Request) bool { return true })
 	return s
 }
 
@@ -149,7 +151,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, ow
 	r.ContentLength = int64(len(body))
 	rp.ServeHTTP(w, r)
 	if proxyErr != nil && r.Context().Err() == nil {
-		s.log.Warn("forward to the conversation's owner failed", "conversation", r.PathValue("id"), "owner", owner.Holder, "err", proxyErr)
+		s.log.WarnContext(r.Context(), "forward to the conversation's owner failed", "conversation", r.PathValue("id"), "owner", owner.Holder, "err", proxyErr)
 		return unavailable("the replica owning this conversation is unreachable; retry shortly", proxyErr)
 	}
 	return nil
@@ -162,7 +164,7 @@ func (s *Server) authenticate(r *http.Request, body []byte) error {
 	}
 	c, err := s.verifier.Verify(raw)
 	if err != nil {
-		s.log.Warn("refused worker request token", "path", r.URL.Path, "token", token.Fingerprint(raw), "err", err)
+		s.log.WarnContext(r.Context(), "refused worker request token", "path", r.URL.Path, "token", token.Fingerprint(raw), "err", err)
 		return httpapi.Unauthorized("invalid request token", err)
 	}
 	if err := token.CheckRequest(c, r.Method, r.URL.RequestURI(), body); err != nil {
@@ -306,7 +308,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		return mapErr(err) // refused before the stream began
 	}
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, sessionstore.ErrClosed) {
-		s.log.Info("event stream ended", "conversation", r.PathValue("id"), "err", err)
+		s.log.InfoContext(r.Context(), "event stream ended", "conversation", r.PathValue("id"), "err", err)
 	}
 	return nil // the stream has started: nothing more can be answered
 }

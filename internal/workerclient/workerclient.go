@@ -66,6 +66,7 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body []byt
 	if err != nil {
 		return nil, err
 	}
+	httpapi.SetRequestID(req) // the browser request's id, in the worker's log too
 	tok, err := c.signer.Sign(token.RequestClaims(c.tenant, c.env, method, req.URL.RequestURI(), body), token.RequestTokenTTL)
 	if err != nil {
 		return nil, err

@@ -1,5 +1,5 @@
 // Command bench-gateway measures the latency and throughput the
-// gateway-proxy adds (make bench-gateway; README "Benchmark").
+// gateway-proxy adds (make bench-gateway; docs/benchmarks.md).
 //
 // In one process it starts an Anthropic-compatible upstream stand-in (a
 // canned answer, streaming or not, after a model time of -ttfb, and -gap

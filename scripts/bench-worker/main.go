@@ -1,5 +1,5 @@
 // Command bench-worker measures the worker at scale, each figure against a
-// baseline measured in the same run (README "bench-worker"):
+// baseline measured in the same run (docs/benchmarks.md, "bench-worker"):
 //
 //   - idle: a worker process with -conversations conversations created
 //     through its HTTP API and no CLI running: its CPU over -idle of

@@ -1,5 +1,5 @@
 // Command cluster builds and runs the test cluster of internal/kubetest by
-// hand (README, "Test cluster"):
+// hand (docs/testing.md, "Test cluster"):
 //
 //	cluster bins    build the pinned binaries into .cache/k8s/<versions>/ (once)
 //	cluster up      start the cluster in the background; prints KUBECONFIG=<path>

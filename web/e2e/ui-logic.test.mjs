@@ -1,0 +1,108 @@
+// The UI's logic without a browser: the SSE parser, the line diff, the
+// Markdown reading and the timeline built from events (duplicates ignored,
+// sub-agent calls nested, re-raised permission requests shown once, queued
+// messages). Needs no platform.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { SSEParser } from "../src/lib/sse.js";
+import { contextOnly, fileEdits, lineDiff } from "../src/lib/diff.js";
+import { parseBlocks, parseInline } from "../src/lib/markdown.js";
+import { apply, isBudgetRefusal, newTimeline, pendingPermissions } from "../src/lib/timeline.js";
+
+test("SSE: events across chunk boundaries, CRLF, comments and multi-line data", () => {
+  const got = [];
+  const p = new SSEParser((e) => got.push(e));
+  const stream = ": talkide conversation x\r\n\r\nid: 1\r\nevent: a\r\ndata: {\"id\":1}\r\n\r\n: heartbeat\n\nid: 2\ndata: line1\ndata: line2\n\n";
+  for (const ch of stream) p.feed(ch); // one character at a time
+  assert.deepEqual(got, [
+    { id: "1", event: "a", data: '{"id":1}' },
+    { id: "2", event: "", data: "line1\nline2" },
+  ]);
+});
+
+test("diff: changed lines between unchanged ones", () => {
+  const d = lineDiff("a\nb\nc\n", "a\nB\nc\nd\n");
+  assert.deepEqual(
+    d.map((l) => l.kind[0] + l.text),
+    ["sa", "db", "aB", "sc", "ad"],
+  );
+  assert.deepEqual(
+    lineDiff("", "x\ny").map((l) => l.kind),
+    ["add", "add"],
+  );
+  const many = Array.from({ length: 20 }, (_, i) => "l" + i).join("\n");
+  const ctx = contextOnly(lineDiff(many, many.replace("l10", "L10")), 2);
+  assert.deepEqual(
+    ctx.map((l) => (l.kind === "gap" ? "gap" + l.count : l.kind[0] + l.text)),
+    ["gap8", "sl8", "sl9", "dl10", "aL10", "sl11", "sl12", "gap7"],
+  );
+  assert.equal(fileEdits("Bash", { command: "ls" }), null);
+  assert.equal(fileEdits("MultiEdit", { file_path: "/f", edits: [{ old_string: "a", new_string: "b" }, { old_string: "c", new_string: "" }] }).length, 2);
+});
+
+test("markdown: code blocks, lists, inline code; no HTML, underscores kept", () => {
+  const b = parseBlocks("Hi <b>x</b> `code` and **bold**\n\n```sh\nrm -rf /\n```\n- one\n- two\n\nmcp__a__b_c");
+  assert.deepEqual(b[0], {
+    type: "p",
+    inlines: [
+      { type: "text", text: "Hi <b>x</b> " },
+      { type: "code", text: "code" },
+      { type: "text", text: " and " },
+      { type: "strong", text: "bold" },
+    ],
+  });
+  assert.deepEqual(b[1], { type: "code", lang: "sh", text: "rm -rf /" });
+  assert.equal(b[2].type, "list");
+  assert.equal(b[2].items.length, 2);
+  assert.deepEqual(b[3], { type: "p", inlines: [{ type: "text", text: "mcp__a__b_c" }] });
+  assert.deepEqual(parseInline("a ` b"), [{ type: "text", text: "a ` b" }]);
+});
+
+const ev = (id, type, data) => ({ id, type, time: "2026-12-02T10:00:00Z", data });
+
+test("timeline: each event once, sub-agent calls nested, queued until the turn starts", () => {
+  const tl = newTimeline();
+  assert.equal(apply(tl, ev(1, "user_message", { client_message_id: "m1", text: "go" })), true);
+  assert.equal(tl.queue.length, 1);
+  apply(tl, ev(2, "turn_started", { client_message_id: "m1" }));
+  assert.equal(tl.queue.length, 0);
+  assert.equal(tl.items[0].queued, false);
+  assert.equal(tl.running, "m1");
+  apply(tl, ev(3, "tool_use", { tool_use_id: "A", name: "Agent", input: { description: "d" } }));
+  apply(tl, ev(4, "tool_use", { tool_use_id: "B", name: "Bash", input: { command: "ls" }, parent_tool_use_id: "A" }));
+  apply(tl, ev(5, "tool_result", { tool_use_id: "B", content: "x", is_error: false, parent_tool_use_id: "A" }));
+  assert.equal(apply(tl, ev(5, "tool_result", { tool_use_id: "B", content: "x" })), false, "a repeated id is ignored");
+  assert.equal(apply(tl, ev(4, "tool_use", { tool_use_id: "B", name: "Bash" })), false);
+  const agent = tl.items[1];
+  assert.equal(agent.children.length, 1);
+  assert.equal(agent.children[0].result.content, "x");
+  assert.equal(tl.items.length, 2, "the sub-agent's call is not top-level");
+  apply(tl, ev(6, "user_message", { client_message_id: "m2", text: "next" }));
+  assert.equal(tl.queue[0].queued, true);
+  apply(tl, ev(7, "turn_completed", { client_message_id: "m1", cost_nano_usd: 1200000, usage: {}, duration_ms: 5 }));
+  assert.equal(tl.running, null);
+  assert.equal(agent.stopped, true, "a call without result is stopped when its turn ends");
+  assert.equal(tl.items.at(-1).kind, "turn-end");
+  apply(tl, ev(8, "turn_started", { client_message_id: "m2" }));
+  assert.equal(tl.items.at(-1).cmid, "m2");
+});
+
+test("timeline: a re-raised permission request is one item; budget refusals are recognised", () => {
+  const tl = newTimeline();
+  const req = { request_id: "r1", tool_name: "Bash", tool_use_id: "T", input: { command: "touch x" }, expires_at: "2026-12-02T10:05:00Z" };
+  apply(tl, ev(1, "permission_requested", req));
+  apply(tl, ev(2, "permission_requested", { ...req, reraised: true, expires_at: "2026-12-02T10:09:00Z" }));
+  assert.equal(tl.items.filter((i) => i.kind === "perm").length, 1);
+  assert.equal(tl.items[0].reraised, true);
+  assert.equal(tl.items[0].expiresAt, "2026-12-02T10:09:00Z");
+  assert.equal(pendingPermissions(tl), 1);
+  apply(tl, ev(3, "permission_resolved", { request_id: "r1", behavior: "allow", reason: "answered" }));
+  assert.equal(pendingPermissions(tl), 0);
+  assert.equal(
+    isBudgetRefusal({ api_error_status: 429, message: "API Error: 429 TalkIDE budget exhausted: your spending limit for 2026-12 is $0.000001…" }),
+    true,
+  );
+  assert.equal(isBudgetRefusal({ api_error_status: 429, message: "rate limited" }), false);
+  apply(tl, ev(4, "turn_failed", { client_message_id: "m", reason: "api_error", api_error_status: 429, message: "TalkIDE budget exhausted" }));
+  assert.equal(tl.items.at(-1).budget, true);
+});
