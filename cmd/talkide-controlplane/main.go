@@ -23,8 +23,8 @@ import (
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -44,7 +44,7 @@ func main() {
 func run(ctx context.Context, args []string) error {
 	// Non-dumpable: no other process of this user (an agent on the same
 	// machine) can read the master key or API key through /proc.
-	if err := sandbox.Harden(); err != nil {
+	if err := harden.Process(); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // TestRevokedIdentityTokenExits runs the worker binary with its identity
@@ -31,7 +31,7 @@ func TestRevokedIdentityTokenExits(t *testing.T) {
 	tenant, env, dir, identity := r.tenant, r.env, r.dir, r.identity
 	db := r.openDB()
 	t.Cleanup(func() { db.Close() })
-	claims, err := gatewayproxy.ParseIdentityToken(identity, tenant, env, time.Now())
+	claims, err := localproxy.ParseIdentityToken(identity, tenant, env, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
@@ -45,7 +46,7 @@ func main() {
 func run(ctx context.Context) error {
 	// Non-dumpable: the agents this worker runs cannot read its environment
 	// (identity token, request keys) through /proc.
-	if err := sandbox.Harden(); err != nil {
+	if err := harden.Process(); err != nil {
 		return err
 	}
 	cfg, err := configFromEnv()

@@ -21,8 +21,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/localrun"
-	"github.com/talkide/talkide/internal/sandbox"
 )
 
 const usage = `usage:
@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func runPlatform(ctx context.Context, stdout, stderr io.Writer) error {
-	if err := sandbox.Harden(); err != nil {
+	if err := harden.Process(); err != nil {
 		return err
 	}
 	// Every TALKIDE_* setting of the user reaches the control plane and the

@@ -41,7 +41,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -112,6 +111,11 @@ type Limits struct {
 // done.
 type Dir struct {
 	f *os.File
+	// walk resolves names one component at a time (openWalk) even where the
+	// kernel has openat2; directories opened beneath d inherit it. False
+	// outside this package's tests, which set it to check the fallback
+	// that runs on kernels without openat2.
+	walk bool
 }
 
 const (
@@ -155,18 +159,18 @@ func (d *Dir) Fd() int { return int(d.f.Fd()) }
 
 // OpenDir opens the directory name beneath d.
 func (d *Dir) OpenDir(name string) (*Dir, error) {
-	fd, err := openBeneath(d.Fd(), name, dirFlags)
+	fd, err := d.openBeneath(name, dirFlags)
 	if err != nil {
 		return nil, pathErr("open", name, mapErrno(err, true))
 	}
-	return &Dir{f: os.NewFile(uintptr(fd), name)}, nil
+	return &Dir{f: os.NewFile(uintptr(fd), name), walk: d.walk}, nil
 }
 
 // Open opens the regular file name beneath d for reading, checked against
 // lim, and returns it with its size. Opening never blocks (a FIFO or a
 // device is opened non-blocking, found not regular and closed).
 func (d *Dir) Open(name string, lim Limits) (*os.File, int64, error) {
-	fd, err := openBeneath(d.Fd(), name, fileFlags)
+	fd, err := d.openBeneath(name, fileFlags)
 	if err != nil {
 		return nil, 0, pathErr("open", name, mapErrno(err, false))
 	}
@@ -272,11 +276,11 @@ func (d *Dir) parent(name string) (*Dir, string, error) {
 	if i := strings.LastIndexByte(name, '/'); i >= 0 {
 		dir, base = name[:i], name[i+1:]
 	}
-	fd, err := openBeneath(d.Fd(), dir, dirFlags)
+	fd, err := d.openBeneath(dir, dirFlags)
 	if err != nil {
 		return nil, "", mapErrno(err, true)
 	}
-	return &Dir{f: os.NewFile(uintptr(fd), dir)}, base, nil
+	return &Dir{f: os.NewFile(uintptr(fd), dir), walk: d.walk}, base, nil
 }
 
 // checkName accepts relative names without empty, "." or ".." components
@@ -306,15 +310,13 @@ var haveOpenat2 = sync.OnceValue(func() bool {
 	return true
 })
 
-// forceWalk makes the package use the fallback (tests of it).
-var forceWalk atomic.Bool
-
-// openBeneath opens name beneath dirfd following no symbolic link.
-func openBeneath(dirfd int, name string, flags int) (int, error) {
+// openBeneath opens name beneath d following no symbolic link.
+func (d *Dir) openBeneath(name string, flags int) (int, error) {
+	dirfd := d.Fd()
 	if err := checkName(name); err != nil {
 		return -1, err
 	}
-	if !forceWalk.Load() && haveOpenat2() {
+	if !d.walk && haveOpenat2() {
 		for range 16 {
 			// Without O_NOFOLLOW, which would make a final symlink with
 			// O_DIRECTORY report ENOTDIR: RESOLVE_NO_SYMLINKS refuses it

@@ -115,14 +115,13 @@ func TestOpenRefusesWhatTheAgentCanPlant(t *testing.T) {
 	}
 	for _, mode := range []string{"openat2", "walk"} {
 		t.Run(mode, func(t *testing.T) {
-			forceWalk.Store(mode == "walk")
-			defer forceWalk.Store(false)
 			if mode == "openat2" && !haveOpenat2() {
 				t.Skip("this kernel has no openat2; the walk is what runs")
 			}
 			d, err := OpenRoot(root)
 			must(t, err)
 			defer d.Close()
+			d.walk = mode == "walk"
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
 					if c.needRoot && !asRoot {
@@ -173,11 +172,10 @@ func TestDirectoriesAreNotFollowed(t *testing.T) {
 	root, _ := agentTree(t, os.Geteuid() == 0)
 	for _, mode := range []string{"openat2", "walk"} {
 		t.Run(mode, func(t *testing.T) {
-			forceWalk.Store(mode == "walk")
-			defer forceWalk.Store(false)
 			d, err := OpenRoot(root)
 			must(t, err)
 			defer d.Close()
+			d.walk = mode == "walk"
 			for name, want := range map[string]error{
 				"projects/q": ErrSymlink, "projects/r": ErrSymlink, "link.json": ErrSymlink,
 				"ok.json": ErrNotDir, "fifo.jsonl": ErrNotDir, "..": ErrEscape,

@@ -36,6 +36,18 @@ var stores = map[string]func(t testing.TB) *controlstore.DB{
 	},
 }
 
+// testClock is a clock a test sets (Config.Now).
+type testClock struct{ t atomic.Pointer[time.Time] }
+
+func newTestClock(t time.Time) *testClock {
+	c := &testClock{}
+	c.Set(t)
+	return c
+}
+
+func (c *testClock) Set(t time.Time) { c.t.Store(&t) }
+func (c *testClock) Now() time.Time  { return *c.t.Load() }
+
 func newService(t *testing.T, db *controlstore.DB, cfg Config) *Service {
 	t.Helper()
 	s := NewService(db, cfg)
@@ -246,10 +258,10 @@ func testDebitReplacesReservation(t *testing.T, db *controlstore.DB) {
 // it expires (a debit is never lost), exactly once, and that a late
 // settlement replaces that charge with the actual cost.
 func testExpiry(t *testing.T, db *controlstore.DB) {
-	s := newService(t, db, Config{DefaultLimit: 10_000, ReservationTTL: time.Minute})
-	ctx := t.Context()
 	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	s.clock.Store(func() time.Time { return start })
+	clock := newTestClock(start)
+	s := newService(t, db, Config{DefaultLimit: 10_000, ReservationTTL: time.Minute, Now: clock.Now})
+	ctx := t.Context()
 	res, err := s.PreCallCheck(ctx, call("u", 9_000))
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +273,7 @@ func testExpiry(t *testing.T, db *controlstore.DB) {
 	if n, err := s.ExpireReservations(ctx); err != nil || n != 0 {
 		t.Fatalf("expire before the TTL: got %d, %v; want 0", n, err)
 	}
-	s.clock.Store(func() time.Time { return start.Add(time.Minute + time.Second) })
+	clock.Set(start.Add(time.Minute + time.Second))
 	if n, err := s.ExpireReservations(ctx); err != nil || n != 2 {
 		t.Fatalf("expire after the TTL: got %d, %v; want 2", n, err)
 	}
@@ -361,10 +373,11 @@ func testLimitResolution(t *testing.T, db *controlstore.DB) {
 }
 
 func testFairUse(t *testing.T, db *controlstore.DB) {
-	s := newService(t, db, Config{DefaultLimit: NanoPerUSD, FairUse: FairUse{Window: time.Minute, MaxRequests: 3, MaxTokens: 1_000}})
-	ctx := t.Context()
 	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) { s.clock.Store(func() time.Time { return start.Add(d) }) }
+	clock := newTestClock(start)
+	s := newService(t, db, Config{DefaultLimit: NanoPerUSD, FairUse: FairUse{Window: time.Minute, MaxRequests: 3, MaxTokens: 1_000}, Now: clock.Now})
+	ctx := t.Context()
+	at := func(d time.Duration) { clock.Set(start.Add(d)) }
 	at(0)
 	for i := range 3 {
 		at(time.Duration(i) * 10 * time.Second)
@@ -414,14 +427,14 @@ func testFairUse(t *testing.T, db *controlstore.DB) {
 }
 
 func testPeriodRollsOver(t *testing.T, db *controlstore.DB) {
-	s := newService(t, db, Config{DefaultLimit: 1_000})
+	clock := newTestClock(time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC))
+	s := newService(t, db, Config{DefaultLimit: 1_000, Now: clock.Now})
 	ctx := t.Context()
-	s.clock.Store(func() time.Time { return time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC) })
 	res, err := s.PreCallCheck(ctx, call("u", 1_000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.clock.Store(func() time.Time { return time.Date(2026, 12, 1, 0, 1, 0, 0, time.UTC) })
+	clock.Set(time.Date(2026, 12, 1, 0, 1, 0, 0, time.UTC))
 	if _, err := s.PreCallCheck(ctx, call("u", 1_000)); err != nil {
 		t.Errorf("first call of December with November spent: %v", err)
 	}

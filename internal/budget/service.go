@@ -36,6 +36,9 @@ type DenyError struct {
 	Limit     NanoUSD
 	Committed NanoUSD // spent + reserved
 	Needed    NanoUSD // the call's worst case
+	// Resets is when Period ends and the user's spending starts again
+	// from zero (PeriodKind.End of the call's time).
+	Resets time.Time
 }
 
 func (e *DenyError) Error() string {
@@ -153,6 +156,9 @@ type Config struct {
 	// commit starts, unless Ticket.Begin starts it earlier. Default
 	// CommitDelay (the constant).
 	CommitDelay time.Duration
+	// Now is the service's clock: it decides a call's period, reservation
+	// expiry and fair-use window. Default time.Now.
+	Now func() time.Time
 }
 
 // Service is the UserBudgetService over the control-plane database
@@ -162,9 +168,7 @@ type Config struct {
 type Service struct {
 	db  *controlstore.DB
 	cfg Config
-	// clock is the time source (func() time.Time); tests replace it.
-	clock atomic.Value
-	log   *slog.Logger
+	log *slog.Logger
 
 	ops chan *op
 	// conn is a token (capacity 1) held by whoever uses the writer's
@@ -223,16 +227,18 @@ func NewService(db *controlstore.DB, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	s := &Service{db: db, cfg: cfg, log: cfg.Logger,
 		ops: make(chan *op, 1024), conn: make(chan struct{}, 1), pgLeader: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		syncDone: make(chan struct{})}
-	s.clock.Store(time.Now)
 	go s.writer()
 	go s.syncer()
 	return s
 }
 
-func (s *Service) now() time.Time { return s.clock.Load().(func() time.Time)() }
+func (s *Service) now() time.Time { return s.cfg.Now() }
 
 // Close stops the writer after it committed every operation already queued.
 // Calls after Close fail with ErrClosed. Close is idempotent.
@@ -299,7 +305,7 @@ func (s *Service) PreCallCheck(ctx context.Context, c Call) (Reservation, error)
 	}
 	c.Amount = min(c.Amount, MaxCost)
 	now := s.now()
-	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), now: now}}
+	o := &op{reserve: &reserveArgs{call: c, id: token.NewID(), period: s.cfg.Period.Key(now), resets: s.cfg.Period.End(now), now: now}}
 	if err := s.enqueue(ctx, o); err != nil {
 		return Reservation{}, err
 	}
@@ -328,6 +334,8 @@ type reserveArgs struct {
 	call   Call
 	id     string
 	period string
+	// resets is when period ends.
+	resets time.Time
 	now    time.Time
 	// outcome is set by the store: ok, budget, fair_use_requests,
 	// fair_use_tokens.
@@ -342,7 +350,7 @@ func (r *reserveArgs) result() error {
 	case "ok":
 		return nil
 	case "budget":
-		return &DenyError{UserID: r.call.UserID, Period: r.period, Limit: r.limit, Committed: r.committed, Needed: r.call.Amount}
+		return &DenyError{UserID: r.call.UserID, Period: r.period, Limit: r.limit, Committed: r.committed, Needed: r.call.Amount, Resets: r.resets}
 	case "fair_use_requests", "fair_use_tokens":
 		return &FairUseError{UserID: r.call.UserID, Limit: strings.TrimPrefix(r.outcome, "fair_use_"), RetryAfter: max(r.retryAfter, time.Second)}
 	}

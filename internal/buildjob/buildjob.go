@@ -43,7 +43,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/talkide/talkide/internal/provision"
+	"github.com/talkide/talkide/internal/kubename"
 )
 
 // Kind is what a build Job does: KindGradle or KindKaniko.
@@ -55,7 +55,7 @@ const (
 )
 
 // Labels every build Job and its pod carry, beside the tenant-env's
-// (provision.LabelTenant, provision.LabelEnv).
+// (kubename.LabelTenant, kubename.LabelEnv).
 const (
 	LabelConversation = "talkide.dev/conversation"
 	LabelBuild        = "talkide.dev/build" // the build's id within the conversation
@@ -86,7 +86,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 func (r Request) validate() error {
 	var errs []error
-	if !provision.ValidName(r.Tenant) || !provision.ValidName(r.Env) {
+	if !kubename.ValidName(r.Tenant) || !kubename.ValidName(r.Env) {
 		errs = append(errs, fmt.Errorf("tenant %q / env %q: want DNS labels", r.Tenant, r.Env))
 	}
 	if !idPattern.MatchString(r.Conversation) {
@@ -141,7 +141,7 @@ type Base struct {
 // Validate applies the defaults and checks b.
 func (b *Base) Validate() error {
 	var errs []error
-	if !provision.DigestPinned(b.Image) {
+	if !kubename.DigestPinned(b.Image) {
 		errs = append(errs, fmt.Errorf("builder image %q: want one pinned by digest, repository@sha256:<64 hex digits>", b.Image))
 	}
 	if _, ok := b.NodeSelector["kubernetes.io/hostname"]; ok {
@@ -178,8 +178,8 @@ func (b *Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Vo
 	labels := map[string]string{}
 	maps.Copy(labels, b.Labels)
 	maps.Copy(labels, map[string]string{
-		provision.LabelManagedBy: "talkide-worker", provision.LabelPartOf: provision.PartOf, LabelComponent: ComponentBuild,
-		provision.LabelTenant: req.Tenant, provision.LabelEnv: req.Env,
+		kubename.LabelManagedBy: "talkide-worker", kubename.LabelPartOf: kubename.PartOf, LabelComponent: ComponentBuild,
+		kubename.LabelTenant: req.Tenant, kubename.LabelEnv: req.Env,
 		LabelConversation: req.Conversation, LabelBuild: req.ID, LabelKind: string(kind),
 	})
 	c.Image = b.Image
@@ -203,7 +203,7 @@ func (b *Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Vo
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 		Containers:   []corev1.Container{c},
-		Volumes:      append([]corev1.Volume{{Name: "workspace", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: provision.PVCName}}}}, extra...),
+		Volumes:      append([]corev1.Volume{{Name: "workspace", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: kubename.PVCName}}}}, extra...),
 		NodeSelector: b.NodeSelector,
 		Tolerations:  b.Tolerations,
 	}
@@ -216,7 +216,7 @@ func (b *Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Vo
 	}
 	return &batchv1.Job{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
-		ObjectMeta: metav1.ObjectMeta{Name: JobName(kind, req.Conversation, req.ID), Namespace: provision.Namespace(req.Tenant, req.Env), Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: JobName(kind, req.Conversation, req.ID), Namespace: kubename.Namespace(req.Tenant, req.Env), Labels: labels},
 		Spec: batchv1.JobSpec{
 			BackoffLimit:            ptr.To[int32](0),
 			PodReplacementPolicy:    ptr.To(batchv1.Failed),

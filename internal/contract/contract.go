@@ -52,6 +52,25 @@ func GatewayForwards(p string) bool {
 	return p == PathGatewayMessages || p == PathGatewayCountTokens
 }
 
+// Codes the gateway-proxy puts in error.details.error_code of its
+// Anthropic error envelope, for clients that talk to it directly with an
+// Anthropic SDK (docs/direct-sdk.md) and for the worker's local proxy.
+const (
+	// ErrCodeTokenExpired: 401 authentication_error, x-should-retry
+	// false. The WorkerToken is expired (or not yet valid: clock skew).
+	// The same request with the same token fails again; mint a new token
+	// and send it with that. The local proxy, which mints per request,
+	// tells the CLI to retry.
+	ErrCodeTokenExpired = "worker_token_expired"
+	// ErrCodeBudgetExceeded: 429 rate_limit_error, x-should-retry false,
+	// retry-after the seconds until the budget period resets, and a
+	// message that starts with "TalkIDE budget exhausted:".
+	ErrCodeBudgetExceeded = "budget_exceeded"
+	// ErrCodeFairUse: 429 rate_limit_error with retry-after (seconds): a
+	// transient limit; retry after it.
+	ErrCodeFairUse = "fair_use_limit"
+)
+
 var conversationIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 
 // ErrInvalidConversationID is returned by ValidConversationID.

@@ -72,6 +72,17 @@ import (
 	"github.com/talkide/talkide/internal/token"
 )
 
+// Fixed beginnings of the gateway's own refusal messages, which clients
+// may match (docs/gateway-money.md).
+const (
+	// MsgBudgetExhausted begins the message of a budget denial (429,
+	// details.error_code budget_exceeded).
+	MsgBudgetExhausted = "TalkIDE budget exhausted:"
+	// MsgTokenExpired is the message of a 401 for an expired WorkerToken
+	// (details.error_code worker_token_expired).
+	MsgTokenExpired = "worker token expired or not yet valid (clock skew?): mint a new one and send the request with it"
+)
+
 // Budget is the UserBudgetService as the gateway uses it.
 type Budget interface {
 	// PreCallCheckAsync starts reserving the call's worst case. A ticket
@@ -336,13 +347,16 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		h.log.Warn("gateway refused worker token", "token", token.Fingerprint(raw), "request_id", reqID, "err", err)
 		ref := &refusal{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, reason: "auth", msg: "invalid or expired worker token"}
 		if errors.Is(err, token.ErrExpired) || errors.Is(err, token.ErrNotYetValid) {
-			// A WorkerToken is minted per request by the worker's local
-			// proxy, so the request repeated carries a fresh one: tell
-			// Anthropic clients to retry (their SDKs honour x-should-retry
-			// over the status).
-			ref.msg = "worker token expired or not yet valid (clock skew?); the retried request carries a fresh one"
+			// Sending the same request again sends the same token: an
+			// Anthropic SDK talking to the gateway directly must not
+			// retry (x-should-retry: false) but mint a new token, which
+			// details.error_code tells it (docs/direct-sdk.md). The
+			// worker's local proxy mints per request, so it turns this
+			// answer into a retry for the CLI (localproxy.retryExpired).
+			ref.msg = MsgTokenExpired
 			ref.reason = "auth_expired"
-			ref.header = map[string]string{"x-should-retry": "true"}
+			ref.header = map[string]string{"x-should-retry": "false"}
+			ref.details = map[string]any{"error_code": contract.ErrCodeTokenExpired}
 		}
 		return nil, ref
 	}
@@ -447,20 +461,30 @@ func (h *Handler) budgetRefusal(err error, claims *token.Claims, reqID string) *
 	case errors.As(err, &deny):
 		h.log.Info("budget denied call", "tenant", claims.Tenant, "env", claims.Env, "conversation", claims.Conversation, "user", claims.User,
 			"request_id", reqID, "limit_nano_usd", deny.Limit, "committed_nano_usd", deny.Committed, "needed_nano_usd", deny.Needed)
+		// Not retryable now (x-should-retry: false, which Anthropic's SDKs
+		// obey over the status), but retry-after says when the period
+		// resets, so a client need not read details to tell it from a
+		// transient rate limit (docs/gateway-money.md, "Refusals").
 		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "budget",
-			msg: fmt.Sprintf("TalkIDE budget exhausted: your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. Ask your administrator to raise the limit.",
-				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed)),
-			header:  map[string]string{"x-should-retry": "false"},
-			details: map[string]any{"error_code": "budget_exceeded", "period": deny.Period}}
+			msg: fmt.Sprintf(MsgBudgetExhausted+" your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. It resets at %s; ask your administrator to raise the limit.",
+				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed), deny.Resets.UTC().Format(time.RFC3339)),
+			header: map[string]string{"x-should-retry": "false", "retry-after": strconv.FormatInt(secondsUntil(deny.Resets), 10)},
+			details: map[string]any{"error_code": contract.ErrCodeBudgetExceeded, "period": deny.Period,
+				"resets_at": deny.Resets.UTC().Format(time.RFC3339)}}
 	case errors.As(err, &fair):
 		secs := int64((fair.RetryAfter + time.Second - 1) / time.Second)
 		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "fair_use_" + fair.Limit,
 			msg:     fmt.Sprintf("TalkIDE fair-use limit: too many %s in a short time; try again in %d s.", fair.Limit, secs),
 			header:  map[string]string{"retry-after": strconv.FormatInt(secs, 10)},
-			details: map[string]any{"error_code": "fair_use_limit", "limit": fair.Limit}}
+			details: map[string]any{"error_code": contract.ErrCodeFairUse, "limit": fair.Limit}}
 	}
 	h.log.Error("budget check failed", "user", claims.User, "request_id", reqID, "err", err)
 	return &refusal{status: http.StatusServiceUnavailable, typ: anthropic.ErrAPI, reason: "budget_error", msg: "budget service unavailable"}
+}
+
+// secondsUntil is the whole seconds from now until t, rounded up, at least 1.
+func secondsUntil(t time.Time) int64 {
+	return max(1, int64((time.Until(t)+time.Second-1)/time.Second))
 }
 
 // readBody reads the request body, at most MaxRequestBytes, into one buffer

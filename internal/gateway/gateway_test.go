@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -323,11 +324,19 @@ func TestGatewayBudgetDenyIsFinalAndNeverForwarded(t *testing.T) {
 	if v := got.header.Get("x-should-retry"); v != "false" {
 		t.Errorf("x-should-retry: got %q, want \"false\"", v)
 	}
-	if v := got.header.Get("retry-after"); v != "" {
-		t.Errorf("retry-after: got %q, want none (the deny is final)", v)
+	// retry-after is the time until the period (a month by default) resets.
+	resets := budget.Monthly.End(time.Now())
+	if v, err := strconv.ParseInt(got.header.Get("retry-after"), 10, 64); err != nil || v < 1 || time.Duration(v)*time.Second > time.Until(resets)+time.Minute {
+		t.Errorf("retry-after: got %q, want the seconds until %s", got.header.Get("retry-after"), resets)
+	}
+	if !strings.HasPrefix(env.Error.Message, gateway.MsgBudgetExhausted) {
+		t.Errorf("message: got %q, want it to start with %q", env.Error.Message, gateway.MsgBudgetExhausted)
 	}
 	if code := env.Error.Details["error_code"]; code != "budget_exceeded" {
 		t.Errorf("error.details.error_code: got %v, want budget_exceeded", code)
+	}
+	if at := env.Error.Details["resets_at"]; at != resets.Format(time.RFC3339) {
+		t.Errorf("error.details.resets_at: got %v, want %s", at, resets.Format(time.RFC3339))
 	}
 	if n := f.rec.arrivals.Load(); n != 0 {
 		t.Errorf("upstream: got %d requests, want none", n)

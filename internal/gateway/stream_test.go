@@ -19,6 +19,7 @@ import (
 
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/budget"
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/token"
@@ -275,11 +276,13 @@ func TestGatewayRefusesDuplicatePricedMembers(t *testing.T) {
 	}
 }
 
-// TestGatewayExpiredTokenAsksForRetry: an expired WorkerToken gets a 401
-// that Anthropic clients retry (x-should-retry: true), since the worker's
-// local proxy mints a fresh token for the repeated request; other bad tokens
-// are final.
-func TestGatewayExpiredTokenAsksForRetry(t *testing.T) {
+// TestGatewayExpiredTokenSaysMintAgain: an expired WorkerToken gets a 401
+// that a client talking to the gateway directly must not retry as it is
+// (x-should-retry: false: the same request carries the same token) but
+// recognises by details.error_code to mint a new token (docs/direct-sdk.md);
+// the worker's local proxy turns it into a retry for the CLI. Other bad
+// tokens are final with no code.
+func TestGatewayExpiredTokenSaysMintAgain(t *testing.T) {
 	f := newFixture(t)
 	key := f.master.Derive(token.PurposeGateway, "", "")
 	expired, err := token.NewSigner(token.PurposeGateway, key).Sign(token.Claims{Tenant: tenant, Env: env, Conversation: convID, User: userID}, -time.Minute)
@@ -287,9 +290,15 @@ func TestGatewayExpiredTokenAsksForRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := do(t, f.request(t.Context(), t, http.MethodPost, "/v1/messages", expired, strings.NewReader(messagesBody(false, 16))))
-	checkEnvelope(t, got, http.StatusUnauthorized, anthropic.ErrAuthentication)
-	if v := got.header.Get("x-should-retry"); v != "true" {
-		t.Errorf("expired token: x-should-retry %q, want true", v)
+	envl := checkEnvelope(t, got, http.StatusUnauthorized, anthropic.ErrAuthentication)
+	if v := got.header.Get("x-should-retry"); v != "false" {
+		t.Errorf("expired token: x-should-retry %q, want false", v)
+	}
+	if code := envl.Error.Details["error_code"]; code != contract.ErrCodeTokenExpired {
+		t.Errorf("expired token: error_code %v, want %s", code, contract.ErrCodeTokenExpired)
+	}
+	if strings.Contains(envl.Error.Message, "retried request") {
+		t.Errorf("expired token: message %q promises a fresh token on retry", envl.Error.Message)
 	}
 	got = do(t, f.request(t.Context(), t, http.MethodPost, "/v1/messages", "garbage.token.x", strings.NewReader(messagesBody(false, 16))))
 	if v := got.header.Get("x-should-retry"); v != "" {

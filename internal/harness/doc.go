@@ -19,5 +19,5 @@
 // resumes it from the transcript with --resume.
 //
 // Main type: Harness. It does not serve HTTP (package worker does) and does
-// not decide where model calls go (package gatewayproxy does).
+// not decide where model calls go (package localproxy does).
 package harness

@@ -14,11 +14,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/samples"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // Config configures a Harness. Zero values take the defaults noted.
@@ -234,7 +234,7 @@ func (e *NotOwnerError) Unwrap() error { return ErrNotOwner }
 type Harness struct {
 	cfg   Config
 	store *sessionstore.Store
-	proxy *gatewayproxy.Server
+	proxy *localproxy.Server
 	log   *slog.Logger
 
 	mu sync.Mutex
@@ -267,7 +267,7 @@ type Harness struct {
 
 // New returns a Harness storing state in store and routing model calls
 // through proxy.
-func New(cfg Config, store *sessionstore.Store, proxy *gatewayproxy.Server) (*Harness, error) {
+func New(cfg Config, store *sessionstore.Store, proxy *localproxy.Server) (*Harness, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}

@@ -20,11 +20,11 @@ import (
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // rig is a harness driving the real CLI against the development upstream
@@ -99,7 +99,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	if !o.noJail {
 		jail = testJail(t, o.limits)
 	}
-	local := gatewayproxy.NewServer(&gatewayproxy.NoOpGatewayProxy{Upstream: upURL}, log)
+	local := localproxy.NewServer(&localproxy.NoOpGatewayProxy{Upstream: upURL}, log)
 	ln, err := local.Listen()
 	if err != nil {
 		t.Fatal(err)

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/streamjson"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // process is one running Claude Code CLI.
@@ -207,7 +207,7 @@ func (s *session) startLocked() (*process, error) {
 			}
 		}
 	}
-	secret := gatewayproxy.NewPlaceholderSecret()
+	secret := localproxy.NewPlaceholderSecret()
 	base := s.h.proxy.BaseURL(s.conv)
 	if base == "" {
 		return nil, errors.New("local gateway proxy not listening")

@@ -33,8 +33,8 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/mcphost"
-	"github.com/talkide/talkide/internal/outbox"
-	"github.com/talkide/talkide/internal/reportclient"
+	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/reportclient"
 )
 
 // ServerName is the MCP server's name; the CLI prefixes its tools with

@@ -14,8 +14,8 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/mcphost"
-	"github.com/talkide/talkide/internal/outbox"
-	"github.com/talkide/talkide/internal/reportclient"
+	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/reportclient"
 )
 
 // fakeQueue answers writes like the control plane would, or never (down).

@@ -28,10 +28,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -301,7 +301,7 @@ func loadOrCreateMaster(path string) (token.MasterKey, error) {
 	if err != nil {
 		return mk, err
 	}
-	return mk, sessionstore.WriteFileAtomic(path, []byte(mk.String()+"\n"), 0o600)
+	return mk, atomicfile.WriteFile(path, []byte(mk.String()+"\n"), 0o600)
 }
 
 func loadOrCreateSecret(path string) (string, error) {
@@ -312,7 +312,7 @@ func loadOrCreateSecret(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return s, sessionstore.WriteFileAtomic(path, []byte(s+"\n"), 0o600)
+	return s, atomicfile.WriteFile(path, []byte(s+"\n"), 0o600)
 }
 
 // newSecret returns prefix and 24 random bytes, base64url.

@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/sessionstore"
 )
 
 // addrFile, in the state dir, holds the control plane's address of the
@@ -108,5 +108,5 @@ The token is shown only now (the database keeps its hash).
 // recordAddr writes the control plane's address into the state dir for
 // AddUser.
 func recordAddr(state, addr string) error {
-	return sessionstore.WriteFileAtomic(filepath.Join(state, addrFile), []byte(addr+"\n"), 0o600)
+	return atomicfile.WriteFile(filepath.Join(state, addrFile), []byte(addr+"\n"), 0o600)
 }

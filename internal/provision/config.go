@@ -6,12 +6,13 @@ import (
 	"log/slog"
 	"net"
 	"path"
-	"regexp"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/talkide/talkide/internal/kubename"
 )
 
 // Config is the K8sWorkerProvisioner's configuration. The control plane
@@ -147,12 +148,9 @@ var reserved = map[string]bool{
 	"TALKIDE_CONTAINMENT": true, "TALKIDE_BUILD_IMAGE": true,
 }
 
-var digestPinned = regexp.MustCompile(`^[a-z0-9][-a-z0-9._/:]*@sha256:[0-9a-f]{64}$`)
-
-// DigestPinned reports whether image is a reference pinned by digest,
-// repository@sha256:<64 hex digits>, as a build Job's image must be: a
-// tag can change under a running platform.
-func DigestPinned(image string) bool { return digestPinned.MatchString(image) }
+// DigestPinned reports whether image is pinned by digest
+// (kubename.DigestPinned).
+func DigestPinned(image string) bool { return kubename.DigestPinned(image) }
 
 // ParseEnv parses TALKIDE_WORKER_ENV ("NAME=value,...").
 func ParseEnv(s string) ([]corev1.EnvVar, error) {

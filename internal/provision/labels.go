@@ -1,16 +1,22 @@
 package provision
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/talkide/talkide/internal/kubename"
+)
 
 // Labels on every object the provisioner makes.
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
-	ManagedBy      = "talkide-controlplane"
-	LabelPartOf    = "app.kubernetes.io/part-of"
-	PartOf         = "talkide"
-	LabelName      = "app.kubernetes.io/name"
-	LabelTenant    = "talkide.dev/tenant"
-	LabelEnv       = "talkide.dev/env"
+	// The labels the worker's build Jobs carry too (package kubename).
+	LabelManagedBy = kubename.LabelManagedBy
+	LabelPartOf    = kubename.LabelPartOf
+	PartOf         = kubename.PartOf
+	LabelTenant    = kubename.LabelTenant
+	LabelEnv       = kubename.LabelEnv
+
+	ManagedBy = "talkide-controlplane"
+	LabelName = "app.kubernetes.io/name"
 	// LabelInstallation names the control-plane installation (its
 	// database) that made an object: two installations sharing a cluster
 	// never adopt or remove each other's workers.
@@ -26,7 +32,7 @@ const (
 const (
 	WorkerName    = "talkide-worker"           // ServiceAccount, Role, RoleBinding, Deployment, Service, NetworkPolicy
 	SecretName    = "talkide-worker-token"     // identity token and request keys
-	PVCName       = "claude-sessions"          // the session volume
+	PVCName       = kubename.PVCName           // the session volume
 	SecretKeyID   = "identity-token"           // key of the identity token in SecretName
 	SecretKeyReq  = "request-keys"             // key of the worker's request keys in SecretName
 	SessionMount  = "/data/claude"             // where PVCName is mounted
@@ -34,8 +40,8 @@ const (
 	WorkerPort    = 8080
 )
 
-// Namespace is the namespace of a tenant-env's worker.
-func Namespace(tenant, env string) string { return tenant + "-" + env }
+// Namespace is the namespace of a tenant-env's worker (kubename.Namespace).
+func Namespace(tenant, env string) string { return kubename.Namespace(tenant, env) }
 
 // labels are the labels of a tenant-env's objects.
 func (c *Config) labels(tenant, env string) map[string]string {
@@ -57,19 +63,9 @@ func podSelector(tenant, env string) map[string]string {
 	return map[string]string{LabelName: WorkerName, LabelTenant: tenant, LabelEnv: env}
 }
 
-// ValidName reports whether s may be a tenant or env name: a DNS label of
-// at most 30 characters, so that "{tenant}-{env}" is a namespace name.
-func ValidName(s string) bool {
-	if s == "" || len(s) > 30 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
+// ValidName reports whether s may be a tenant or env name
+// (kubename.ValidName).
+func ValidName(s string) bool { return kubename.ValidName(s) }
 
 func checkNames(tenant, env string) error {
 	if !ValidName(tenant) || !ValidName(env) {

@@ -4,9 +4,10 @@
 // to read the worker's identity token or request keys, the control plane's
 // master key, or the API key:
 //
-//   - Harden makes the calling process non-dumpable, so other processes of
-//     the same user cannot read its /proc/<pid>/environ or memory (only a
-//     process with CAP_SYS_PTRACE could).
+//   - Every platform binary makes itself non-dumpable first (package
+//     harden), so other processes of the same user cannot read its
+//     /proc/<pid>/environ or memory (only a process with CAP_SYS_PTRACE
+//     could).
 //
 //   - A worker running as root (whose agents could otherwise read
 //     everything) runs each conversation's agent as a user id of its own,
@@ -40,20 +41,8 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/talkide/talkide/internal/agentfs"
 )
-
-// Harden makes the calling process non-dumpable (prctl PR_SET_DUMPABLE 0):
-// no core dumps, and its /proc entries (environ, mem, fds) are closed to
-// every process without CAP_SYS_PTRACE, the agent included.
-func Harden() error {
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return fmt.Errorf("make process non-dumpable: %w", err)
-	}
-	return nil
-}
 
 // User is the account agents run as.
 type User struct {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
 )
 
@@ -65,7 +66,7 @@ func (s *Store) PutBuild(r BuildRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := WriteFileAtomic(p, b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("record build %s of %s: %w", r.ID, r.Conversation, err)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
 )
 
@@ -24,10 +25,6 @@ type logHeader struct {
 }
 
 const logFormatName = "talkide-eventlog"
-
-// recentCap (a variable for tests) is how many newest events an EventLog keeps in memory, so that
-// live subscribers never touch the file.
-var recentCap = 4096
 
 // RepairReport says what Open found wrong with an event log file and fixed.
 type RepairReport struct {
@@ -44,6 +41,8 @@ type RepairReport struct {
 type EventLog struct {
 	path string
 	conv string
+	// recentCap bounds recent (Store.RecentEvents).
+	recentCap int
 
 	mu sync.Mutex
 	// f is the log file opened for appending; guarded by mu.
@@ -76,7 +75,10 @@ func (s *Store) OpenEventLog(conv string) (*EventLog, RepairReport, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, RepairReport{}, fmt.Errorf("open event log of %s: %w", conv, err)
 	}
-	l := &EventLog{path: filepath.Join(dir, "events.jsonl"), conv: conv, changed: make(chan struct{}), keep: s.KeepEvents}
+	l := &EventLog{path: filepath.Join(dir, "events.jsonl"), conv: conv, changed: make(chan struct{}), keep: s.KeepEvents, recentCap: s.RecentEvents}
+	if l.recentCap <= 0 {
+		l.recentCap = DefaultRecentEvents
+	}
 	rep, err := l.load()
 	if err != nil {
 		return nil, rep, fmt.Errorf("open event log of %s: %w", conv, err)
@@ -191,9 +193,9 @@ func (l *EventLog) load() (RepairReport, error) {
 }
 
 func (l *EventLog) remember(ev contract.Event) {
-	if len(l.recent) == recentCap {
+	if len(l.recent) == l.recentCap {
 		copy(l.recent, l.recent[1:])
-		l.recent = l.recent[:recentCap-1]
+		l.recent = l.recent[:l.recentCap-1]
 	}
 	l.recent = append(l.recent, ev)
 }
@@ -267,7 +269,7 @@ func (l *EventLog) compactLocked() error {
 		b.Write(line)
 		b.WriteByte('\n')
 	}
-	if err := WriteFileAtomic(l.path, b.Bytes(), 0o600); err != nil {
+	if err := atomicfile.WriteFile(l.path, b.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("compact event log: %w", err)
 	}
 	f, err := os.OpenFile(l.path, os.O_RDWR, 0o600)

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/talkide/talkide/internal/atomicfile"
 )
 
 // FormatVersion is the on-disk format of state.json and events.jsonl. A
@@ -151,7 +153,15 @@ type Store struct {
 	// many again, the oldest are dropped down to KeepEvents. 0 keeps all.
 	// Set it before opening logs.
 	KeepEvents int
+	// RecentEvents is how many newest events each open event log keeps in
+	// memory, so that live subscribers never touch the file; a follower
+	// further behind reads the file. 0 means DefaultRecentEvents. Set it
+	// before opening logs.
+	RecentEvents int
 }
+
+// DefaultRecentEvents is Store.RecentEvents when unset.
+const DefaultRecentEvents = 4096
 
 // Open returns the store rooted at dir, creating it (0700) if needed.
 func Open(dir string) (*Store, error) {
@@ -214,7 +224,7 @@ func (s *Store) SaveMeta(m *Meta) error {
 			return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
 		}
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
 		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
 	}
 	if !work {
@@ -240,43 +250,4 @@ func (s *Store) List() ([]string, error) {
 	return ids, nil
 }
 
-// WriteFileAtomic replaces path with data: write to a temp file in the same
-// directory, fsync, close, rename over path, fsync the directory. Readers see
-// the old or the new content, never a mix, also after a crash.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func syncDir(dir string) error { return atomicfile.SyncDir(dir) }

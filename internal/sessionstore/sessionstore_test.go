@@ -146,10 +146,8 @@ func TestEventLogRejectsUnknownVersion(t *testing.T) {
 }
 
 func TestSinceFromFileBeyondMemory(t *testing.T) {
-	old := recentCap
-	recentCap = 5
-	defer func() { recentCap = old }()
 	s, _ := Open(t.TempDir())
+	s.RecentEvents = 5
 	l, _, _ := s.OpenEventLog("c1")
 	defer l.Close()
 	for i := 0; i < 20; i++ {
@@ -174,10 +172,8 @@ func TestSinceFromFileBeyondMemory(t *testing.T) {
 // TestFollowNoLossNoDuplicates runs a writer and several followers, one of
 // them slow, and checks every follower sees every id exactly once, in order.
 func TestFollowNoLossNoDuplicates(t *testing.T) {
-	old := recentCap
-	recentCap = 16 // force the slow follower through the file
-	defer func() { recentCap = old }()
 	s, _ := Open(t.TempDir())
+	s.RecentEvents = 16 // force the slow follower through the file
 	l, _, _ := s.OpenEventLog("c1")
 	const n = 300
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // ExitIdentity is the exit status of a worker whose identity token was
@@ -20,7 +20,7 @@ const ExitIdentity = contract.ExitIdentity
 // IdentityError is Run's error when the worker stopped because its identity
 // token can no longer mint (cmd/talkide-worker exits with ExitIdentity).
 type IdentityError struct {
-	Failure gatewayproxy.IdentityFailure
+	Failure localproxy.IdentityFailure
 	// Grace is how long the worker waited for a successor.
 	Grace time.Duration
 }
@@ -31,7 +31,7 @@ func (e *IdentityError) Error() string {
 
 // identityState is what /readyz says while the identity token is failing.
 type identityState struct {
-	failure gatewayproxy.IdentityFailure
+	failure localproxy.IdentityFailure
 	exitAt  time.Time
 }
 
@@ -42,10 +42,10 @@ type identityState struct {
 // failure turns /readyz back. While a failure lasts the file is looked at
 // every IdentityRecheck; otherwise the watcher sleeps until the token's exp
 // or a change.
-func watchIdentity(ctx context.Context, id *gatewayproxy.Identity, grace time.Duration, api *Server, log *slog.Logger) error {
+func watchIdentity(ctx context.Context, id *localproxy.Identity, grace time.Duration, api *Server, log *slog.Logger) error {
 	var deadline *time.Timer
 	var deadlineC <-chan time.Time
-	var failed *gatewayproxy.IdentityFailure
+	var failed *localproxy.IdentityFailure
 	defer func() {
 		if deadline != nil {
 			deadline.Stop()
@@ -75,7 +75,7 @@ func watchIdentity(ctx context.Context, id *gatewayproxy.Identity, grace time.Du
 		failed = f
 		var wake <-chan time.Time
 		if f != nil {
-			wake = time.After(gatewayproxy.IdentityRecheck)
+			wake = time.After(localproxy.IdentityRecheck)
 		} else if exp := id.Expiry(); !exp.IsZero() {
 			wake = time.After(time.Until(exp))
 		}

@@ -16,11 +16,11 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // secretVolume is the Secret talkide-worker-token mounted the kubelet's
@@ -127,7 +127,7 @@ func TestRevokedIdentityTokenWithSuccessor(t *testing.T) {
 		c.IdentityFailureGrace = time.Hour // the worker must not exit in this test
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	}})
-	claimsA, err := gatewayproxy.ParseIdentityToken(tokA, p.Tenant, p.Env, time.Now())
+	claimsA, err := localproxy.ParseIdentityToken(tokA, p.Tenant, p.Env, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

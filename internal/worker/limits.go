@@ -105,16 +105,16 @@ type admission struct {
 	memLimit int64
 	// streams counts open event streams.
 	streams atomic.Int64
-	// openFiles counts open files (openFiles; a variable for tests).
+	// openFiles counts open files (the worker gives openFiles, cached for
+	// openFilesTTL).
 	openFiles func() int
 }
 
-func newAdmission(b fdBudget, maxProcesses int, liveProcesses func() int, diskDir string, minFreeDisk int64) *admission {
-	a := &admission{budget: b, liveProcesses: liveProcesses, maxProcesses: maxProcesses, diskDir: diskDir, minFreeDisk: minFreeDisk}
+func newAdmission(b fdBudget, maxProcesses int, liveProcesses, openFiles func() int, diskDir string, minFreeDisk int64) *admission {
+	a := &admission{budget: b, liveProcesses: liveProcesses, openFiles: openFiles, maxProcesses: maxProcesses, diskDir: diskDir, minFreeDisk: minFreeDisk}
 	if l := debug.SetMemoryLimit(-1); l > 0 && l < math.MaxInt64 {
 		a.memLimit = l
 	}
-	a.openFiles = cachedFor(openFilesTTL, func() int { return openFiles(b.Limit) })
 	return a
 }
 

@@ -37,8 +37,7 @@ func wantRefusal(t *testing.T, what string, err error) {
 func TestAdmissionRefusesNearTheLimits(t *testing.T) {
 	b := newFDBudget(1024, 20, 4)
 	open, live := 100, 0
-	a := newAdmission(b, 4, func() int { return live }, t.TempDir(), -1)
-	a.openFiles = func() int { return open }
+	a := newAdmission(b, 4, func() int { return live }, func() int { return open }, t.TempDir(), -1)
 	if err := a.check(); err != nil {
 		t.Fatalf("check with plenty free: %v", err)
 	}

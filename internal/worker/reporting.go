@@ -11,14 +11,14 @@ import (
 
 	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/issuemcp"
 	"github.com/talkide/talkide/internal/mcppolicy"
-	"github.com/talkide/talkide/internal/outbox"
-	"github.com/talkide/talkide/internal/reportclient"
-	"github.com/talkide/talkide/internal/reportfeed"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/localproxy"
+	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/reportclient"
+	"github.com/talkide/talkide/internal/worker/reportfeed"
 )
 
 // ParseMCPPolicy reads the operator's MCP policy for project .mcp.json
@@ -53,7 +53,7 @@ type reporting struct {
 // newReporting sets up reporting for c, minting with mc (the MintClient of
 // the model calls). Without a control plane (mc nil: NoOpUpstream) nothing
 // is reported and only project MCP servers are offered.
-func newReporting(c Config, mc *gatewayproxy.MintClient, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
+func newReporting(c Config, mc *localproxy.MintClient, store *sessionstore.Store, log *slog.Logger, reg prometheus.Registerer) (*reporting, error) {
 	policy := c.MCPPolicy
 	policy.Reserved = append(policy.Reserved, issuemcp.ServerName, buildmcp.ServerName)
 	r := &reporting{store: store, log: log, mcp: &mcpProvider{policy: policy, log: log},

@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/talkide/talkide/internal/claudecli"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/lease"
@@ -29,6 +28,7 @@ import (
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // Config is the worker's configuration, read from the environment by
@@ -50,7 +50,7 @@ type Config struct {
 	// IdentityTokenFile a file holding it
 	// [TALKIDE_WORKER_IDENTITY_TOKEN_FILE], e.g. the Secret
 	// talkide-worker-token mounted as a volume: a token written there later
-	// is taken without a restart (gatewayproxy.Identity). Exactly one is
+	// is taken without a restart (localproxy.Identity). Exactly one is
 	// required unless NoOpUpstream is set.
 	IdentityToken     string
 	IdentityTokenFile string
@@ -255,12 +255,12 @@ func (c *Config) Validate() error {
 // newIdentity reads the identity token (IdentityToken or
 // IdentityTokenFile) and checks that it is an unexpired identity token of
 // this worker's tenant-env; the file is read again whenever it changes.
-func (c *Config) newIdentity() (*gatewayproxy.Identity, error) {
+func (c *Config) newIdentity() (*localproxy.Identity, error) {
 	log := c.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{
+	return localproxy.NewIdentity(localproxy.IdentityConfig{
 		Token: c.IdentityToken, File: c.IdentityTokenFile, Tenant: c.Tenant, Env: c.Env,
 		Logger: log.With("tenant", c.Tenant, "env", c.Env, "component", "identity"),
 	})
@@ -278,25 +278,25 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
 		return err
 	}
-	var mc *gatewayproxy.MintClient // nil without a control plane
+	var mc *localproxy.MintClient // nil without a control plane
 	if c.NoOpUpstream == nil {
 		id, err := c.newIdentity()
 		if err != nil {
 			return err
 		}
-		mc = &gatewayproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
+		mc = &localproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
 	}
 	store, err := sessionstore.Open(filepath.Join(c.SessionDir, "talkide"))
 	if err != nil {
 		return err
 	}
 	store.KeepEvents = c.KeepEvents
-	var gp gatewayproxy.GatewayProxy
+	var gp localproxy.GatewayProxy
 	if mc == nil {
 		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
-		gp = &gatewayproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}
+		gp = &localproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}
 	} else {
-		gp = &gatewayproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}
+		gp = &localproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}
 	}
 	if ln == nil {
 		ln, err = net.Listen("tcp", c.Addr)
@@ -304,7 +304,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 			return fmt.Errorf("listen %s: %w", c.Addr, err)
 		}
 	}
-	local := gatewayproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
+	local := localproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
 	localLn, err := local.Listen()
 	if err != nil {
 		return err
@@ -355,7 +355,8 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	}
 	budget := newFDBudget(httpapi.OpenFilesLimit(), openFiles(httpapi.OpenFilesLimit()), maxProcs)
 	var h *harness.Harness
-	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() }, c.SessionDir, c.MinFreeDisk)
+	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() },
+		cachedFor(openFilesTTL, func() int { return openFiles(budget.Limit) }), c.SessionDir, c.MinFreeDisk)
 	log.Info("open-files budget", "budget", budget.String(), "min_free_disk_mib", c.MinFreeDisk>>20, "go_memory_limit_mib", limits.memLimit>>20)
 	ln = httpapi.LimitListener(ln, budget.MaxConns, "this worker serves its limit of connections; retry shortly")
 	probe := agent

@@ -13,12 +13,12 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 	"github.com/talkide/talkide/internal/workerclient"
 )
 
@@ -35,7 +35,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	up, _ := url.Parse("http://127.0.0.1:1")
-	local := gatewayproxy.NewServer(&gatewayproxy.NoOpGatewayProxy{Upstream: up}, slog.New(slog.DiscardHandler))
+	local := localproxy.NewServer(&localproxy.NoOpGatewayProxy{Upstream: up}, slog.New(slog.DiscardHandler))
 	ln, err := local.Listen()
 	if err != nil {
 		t.Fatal(err)

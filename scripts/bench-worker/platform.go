@@ -24,6 +24,7 @@ import (
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
@@ -53,7 +54,7 @@ type childConfig struct {
 // differs only in taking a larger agent uid range than the default 100,000
 // (a host's whole range would be full) and, on request, serving pprof.
 func childMain() {
-	if err := sandbox.Harden(); err != nil {
+	if err := harden.Process(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench worker:", err)
 		os.Exit(1)
 	}

@@ -1,4 +1,4 @@
-package gatewayproxy_test
+package localproxy_test
 
 import (
 	"bufio"
@@ -17,13 +17,13 @@ import (
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/gatewayproxy"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 func TestLocalProxyRequiresConversationCredential(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	s, logs := startProxy(t, newMintingProxy(t, gw, mint))
-	secretA, secretB := gatewayproxy.NewPlaceholderSecret(), gatewayproxy.NewPlaceholderSecret()
+	secretA, secretB := localproxy.NewPlaceholderSecret(), localproxy.NewPlaceholderSecret()
 	if secretA == secretB {
 		t.Fatalf("NewPlaceholderSecret: got %q twice, want fresh secrets", secretA)
 	}
@@ -87,8 +87,8 @@ func TestLocalProxyNoOpReplacesCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := startProxy(t, &gatewayproxy.NoOpGatewayProxy{Upstream: upURL, APIKey: "sk-local"})
-	secret := gatewayproxy.NewPlaceholderSecret()
+	s, _ := startProxy(t, &localproxy.NoOpGatewayProxy{Upstream: upURL, APIKey: "sk-local"})
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 
 	const beta = "interleaved-thinking-2025-05-14,context-management-2025-06-27"
@@ -133,7 +133,7 @@ func TestLocalProxyNoOpReplacesCredentials(t *testing.T) {
 func TestLocalProxyMintsFreshTokenPerRequest(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	s, logs := startProxy(t, newMintingProxy(t, gw, mint))
-	secret := gatewayproxy.NewPlaceholderSecret()
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	hdr := http.Header{
 		"Authorization":     {"Bearer " + secret},
@@ -227,7 +227,7 @@ func TestLocalProxyMintFailures(t *testing.T) {
 				mint.srv.Close() // nothing listens there any more
 			}
 			s, _ := startProxy(t, p)
-			secret := gatewayproxy.NewPlaceholderSecret()
+			secret := localproxy.NewPlaceholderSecret()
 			s.Register(convA, secret)
 			got := send(t, http.MethodPost, s.BaseURL(convA)+"/v1/messages", bearer(secret), messagesBody)
 			checkEnvelope(t, got, tc.status, tc.typ)
@@ -244,7 +244,7 @@ func TestLocalProxyMintFailures(t *testing.T) {
 func TestLocalProxyHelloNeedsNoMint(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
-	s.Register(convA, gatewayproxy.NewPlaceholderSecret())
+	s.Register(convA, localproxy.NewPlaceholderSecret())
 	for _, m := range []string{http.MethodHead, http.MethodGet} {
 		if got := send(t, m, s.BaseURL(convA)+"/api/hello", nil, ""); got.status != http.StatusOK {
 			t.Errorf("%s /api/hello: got %d, want 200", m, got.status)
@@ -261,7 +261,7 @@ func TestLocalProxyHelloNeedsNoMint(t *testing.T) {
 func TestLocalProxyRejectsInvalidConversationPath(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
-	secret := gatewayproxy.NewPlaceholderSecret()
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	base := strings.TrimSuffix(s.BaseURL(convA), "/"+convA)
 	for _, p := range []string{
@@ -293,7 +293,7 @@ func TestLocalProxyRejectsInvalidConversationPath(t *testing.T) {
 func TestLocalProxyKeepsRequestsUnderGatewayPrefix(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
-	secret := gatewayproxy.NewPlaceholderSecret()
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	for _, p := range []string{
 		"/../../../../api/internal/worker/usage",
@@ -349,8 +349,8 @@ func TestLocalProxyStreamsEventByEvent(t *testing.T) {
 			}
 		}
 	})
-	s, _ := startProxy(t, &gatewayproxy.NoOpGatewayProxy{Upstream: target.URL, APIKey: "sk-local"})
-	secret := gatewayproxy.NewPlaceholderSecret()
+	s, _ := startProxy(t, &localproxy.NoOpGatewayProxy{Upstream: target.URL, APIKey: "sk-local"})
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.BaseURL(convA)+"/v1/messages", strings.NewReader(messagesBody))
@@ -412,11 +412,49 @@ func TestLocalProxyGatewayUnreachableIs502(t *testing.T) {
 	gw, mint := newFakeServer(t), newMintServer(t)
 	gw.srv.Close()
 	s, _ := startProxy(t, newMintingProxy(t, gw, mint))
-	secret := gatewayproxy.NewPlaceholderSecret()
+	secret := localproxy.NewPlaceholderSecret()
 	s.Register(convA, secret)
 	got := send(t, http.MethodPost, s.BaseURL(convA)+"/v1/messages", bearer(secret), messagesBody)
 	checkEnvelope(t, got, http.StatusBadGateway, anthropic.ErrAPI)
 	if strings.Contains(string(got.body), "wt-1") {
 		t.Errorf("answer contains the minted token: %s", got.body)
+	}
+}
+
+// TestLocalProxyRetriesExpiredToken: the gateway answers an expired
+// WorkerToken with 401 and x-should-retry: false (true for a client that
+// resends its token); behind the local proxy the retried request carries a
+// freshly minted token, so the CLI is told to retry. Any other 401 passes
+// through as it came, body and all.
+func TestLocalProxyRetriesExpiredToken(t *testing.T) {
+	for _, tc := range []struct {
+		name, code, wantRetry string
+	}{
+		{"expired token", contract.ErrCodeTokenExpired, "true"},
+		{"other 401", "", "false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var details map[string]any
+			if tc.code != "" {
+				details = map[string]any{"error_code": tc.code}
+			}
+			gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("x-should-retry", "false")
+				anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "refused", "req_1", details)
+			}))
+			t.Cleanup(gw.Close)
+			gwURL, _ := url.Parse(gw.URL)
+			s, _ := startProxy(t, &localproxy.NoOpGatewayProxy{Upstream: gwURL})
+			secret := localproxy.NewPlaceholderSecret()
+			s.Register(convA, secret)
+			got := send(t, http.MethodPost, s.BaseURL(convA)+"/v1/messages", http.Header{"X-Api-Key": {secret}, "Content-Type": {"application/json"}}, messagesBody)
+			if got.status != http.StatusUnauthorized || got.header.Get("x-should-retry") != tc.wantRetry {
+				t.Errorf("got %d x-should-retry %q, want 401 %q", got.status, got.header.Get("x-should-retry"), tc.wantRetry)
+			}
+			var env anthropic.ErrorEnvelope
+			if err := json.Unmarshal(got.body, &env); err != nil || env.Error.Message != "refused" {
+				t.Errorf("body: got %q (%v), want the gateway's envelope unchanged", got.body, err)
+			}
+		})
 	}
 }

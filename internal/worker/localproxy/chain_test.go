@@ -1,4 +1,4 @@
-package gatewayproxy_test
+package localproxy_test
 
 import (
 	"log/slog"
@@ -18,9 +18,9 @@ import (
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // TestLocalProxyThroughRealControlPlane runs the whole seam on loopback: the
@@ -74,11 +74,11 @@ func TestLocalProxyThroughRealControlPlane(t *testing.T) {
 	t.Cleanup(cp.Close)
 	cpURL, _ := url.Parse(cp.URL)
 
-	s, _ := startProxy(t, &gatewayproxy.MintingGatewayProxy{
+	s, _ := startProxy(t, &localproxy.MintingGatewayProxy{
 		Gateway: cpURL,
-		Mint:    &gatewayproxy.MintClient{Base: cpURL, Identity: fixedIdentity(t, identityToken)},
+		Mint:    &localproxy.MintClient{Base: cpURL, Identity: fixedIdentity(t, identityToken)},
 	})
-	secretA, secretB := gatewayproxy.NewPlaceholderSecret(), gatewayproxy.NewPlaceholderSecret()
+	secretA, secretB := localproxy.NewPlaceholderSecret(), localproxy.NewPlaceholderSecret()
 	s.Register(convA, secretA)
 	s.Register(convB, secretB)
 

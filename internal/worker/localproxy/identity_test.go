@@ -1,4 +1,4 @@
-package gatewayproxy_test
+package localproxy_test
 
 import (
 	"encoding/json"
@@ -17,10 +17,10 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 // tinyMint is a mint endpoint on loopback that accepts the identity tokens
@@ -182,10 +182,10 @@ func (c *fakeClock) advance(d time.Duration) {
 
 // fileIdentity returns the Identity of demo/dev read from path, its log,
 // and, when frozen is set, the fake clock it reads (nil otherwise).
-func fileIdentity(t *testing.T, path string, frozen bool) (*gatewayproxy.Identity, *platformtest.LogBuffer, *fakeClock) {
+func fileIdentity(t *testing.T, path string, frozen bool) (*localproxy.Identity, *platformtest.LogBuffer, *fakeClock) {
 	t.Helper()
 	logs := &platformtest.LogBuffer{}
-	id, err := gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{File: path, Tenant: "demo", Env: "dev",
+	id, err := localproxy.NewIdentity(localproxy.IdentityConfig{File: path, Tenant: "demo", Env: "dev",
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +194,7 @@ func fileIdentity(t *testing.T, path string, frozen bool) (*gatewayproxy.Identit
 		return id, logs, nil
 	}
 	clk := &fakeClock{t: time.Now()}
-	gatewayproxy.SetClock(id, clk.now)
+	localproxy.SetClock(id, clk.now)
 	return id, logs, clk
 }
 
@@ -231,7 +231,7 @@ func checkNoTokens(t *testing.T, logs *platformtest.LogBuffer, toks ...string) {
 	}
 }
 
-func changed(id *gatewayproxy.Identity) bool {
+func changed(id *localproxy.Identity) bool {
 	select {
 	case <-id.Changed():
 		return true
@@ -250,7 +250,7 @@ func TestMintRotationCostsNoFailedMint(t *testing.T) {
 	dir := newKubeletDir(t, a)
 	id, logs, _ := fileIdentity(t, dir.path(), false)
 	m := newTinyMint(t, a)
-	mc := &gatewayproxy.MintClient{Base: m.URL, Identity: id}
+	mc := &localproxy.MintClient{Base: m.URL, Identity: id}
 
 	var failed atomic.Int64
 	var firstErr atomic.Pointer[error]
@@ -308,7 +308,7 @@ func TestMintRetriesAtOnceAfterARefusal(t *testing.T) {
 	writeFile(t, path, a+"\n")
 	id, logs, _ := fileIdentity(t, path, true)
 	m := newTinyMint(t, a)
-	mc := &gatewayproxy.MintClient{Base: m.URL, Identity: id}
+	mc := &localproxy.MintClient{Base: m.URL, Identity: id}
 	if _, err := mc.Mint(t.Context(), convA); err != nil {
 		t.Fatal(err)
 	}
@@ -344,9 +344,9 @@ func TestIdentityFilePicksUpKubeletSwap(t *testing.T) {
 	}
 	dir.swap(b)
 	if got := id.Token(); got != a {
-		t.Errorf("Token within IdentityRecheck of the last look: got fingerprint %s, want A's (the file is looked at once per %s)", token.Fingerprint(got), gatewayproxy.IdentityRecheck)
+		t.Errorf("Token within IdentityRecheck of the last look: got fingerprint %s, want A's (the file is looked at once per %s)", token.Fingerprint(got), localproxy.IdentityRecheck)
 	}
-	clk.advance(gatewayproxy.IdentityRecheck)
+	clk.advance(localproxy.IdentityRecheck)
 	if got := id.Token(); got != b {
 		t.Errorf("Token after the swap: got fingerprint %s, want B's %s", token.Fingerprint(got), token.Fingerprint(b))
 	}
@@ -354,7 +354,7 @@ func TestIdentityFilePicksUpKubeletSwap(t *testing.T) {
 		t.Error("Changed not signalled after the token changed")
 	}
 	dir.swap(c)
-	clk.advance(gatewayproxy.IdentityRecheck)
+	clk.advance(localproxy.IdentityRecheck)
 	id.Refresh()
 	if got := id.Token(); got != c {
 		t.Errorf("Token after a second swap: got fingerprint %s, want C's %s", token.Fingerprint(got), token.Fingerprint(c))
@@ -375,7 +375,7 @@ func TestIdentityFileKeepsLastGoodToken(t *testing.T) {
 	writeFile(t, path, a)
 	id, logs, clk := fileIdentity(t, path, true)
 	m := newTinyMint(t, a)
-	mc := &gatewayproxy.MintClient{Base: m.URL, Identity: id}
+	mc := &localproxy.MintClient{Base: m.URL, Identity: id}
 	steps := []struct {
 		name string
 		do   func()
@@ -390,7 +390,7 @@ func TestIdentityFileKeepsLastGoodToken(t *testing.T) {
 	}
 	for _, s := range steps {
 		s.do()
-		clk.advance(gatewayproxy.IdentityRecheck)
+		clk.advance(localproxy.IdentityRecheck)
 		if got := id.Token(); got != a {
 			t.Errorf("%s: Token got fingerprint %s, want A's", s.name, token.Fingerprint(got))
 		}
@@ -401,7 +401,7 @@ func TestIdentityFileKeepsLastGoodToken(t *testing.T) {
 	os.Remove(path)
 	writeFile(t, path, b)
 	m.accept(b)
-	clk.advance(gatewayproxy.IdentityRecheck)
+	clk.advance(localproxy.IdentityRecheck)
 	if got := id.Token(); got != b {
 		t.Errorf("Token once the file holds B: got fingerprint %s, want B's", token.Fingerprint(got))
 	}
@@ -436,9 +436,9 @@ func TestIdentityFileRefusesForeignTokens(t *testing.T) {
 			writeFile(t, path, a)
 			id, logs, clk := fileIdentity(t, path, true)
 			m := newTinyMint(t, a, tc.tok) // even a mint that took it must not see it
-			mc := &gatewayproxy.MintClient{Base: m.URL, Identity: id}
+			mc := &localproxy.MintClient{Base: m.URL, Identity: id}
 			writeFile(t, path, tc.tok)
-			clk.advance(gatewayproxy.IdentityRecheck)
+			clk.advance(localproxy.IdentityRecheck)
 			if got := id.Token(); got != a {
 				t.Fatalf("Token: got fingerprint %s, want A's (the refused token must not be taken)", token.Fingerprint(got))
 			}
@@ -447,7 +447,7 @@ func TestIdentityFileRefusesForeignTokens(t *testing.T) {
 				t.Errorf("log: want the refusal with the token's fingerprint %s and %q:\n%s", token.Fingerprint(tc.tok), tc.logged, l)
 			}
 			// Looked at again, the same file version is not logged again.
-			clk.advance(gatewayproxy.IdentityRecheck)
+			clk.advance(localproxy.IdentityRecheck)
 			id.Token()
 			if n := strings.Count(logs.String(), token.Fingerprint(tc.tok)); n != 1 {
 				t.Errorf("refusal logged %d times for one file version, want once", n)
@@ -458,7 +458,7 @@ func TestIdentityFileRefusesForeignTokens(t *testing.T) {
 				t.Fatal("Mint with A revoked: got a WorkerToken, want the refusal")
 			}
 			f := id.Failure()
-			if f == nil || f.Reason != gatewayproxy.IdentityRevoked || f.Fingerprint != token.Fingerprint(a) || f.JTI != jti(t, a) {
+			if f == nil || f.Reason != localproxy.IdentityRevoked || f.Fingerprint != token.Fingerprint(a) || f.JTI != jti(t, a) {
 				t.Errorf("Failure: got %+v, want revoked for A (fingerprint %s, jti %s)", f, token.Fingerprint(a), jti(t, a))
 			}
 			for _, tok := range m.callLog() {
@@ -483,10 +483,10 @@ func TestIdentityFailure(t *testing.T) {
 		after   time.Duration // clock moved before the refused mint
 		want    string
 	}{
-		{"revoked", "identity token revoked", 0, gatewayproxy.IdentityRevoked},
-		{"refused", "identity token not issued by this control plane", 0, gatewayproxy.IdentityRefused},
-		{"invalid", "invalid identity token", 0, gatewayproxy.IdentityRefused},
-		{"expired", "invalid identity token", 2 * time.Hour, gatewayproxy.IdentityExpired},
+		{"revoked", "identity token revoked", 0, localproxy.IdentityRevoked},
+		{"refused", "identity token not issued by this control plane", 0, localproxy.IdentityRefused},
+		{"invalid", "invalid identity token", 0, localproxy.IdentityRefused},
+		{"expired", "invalid identity token", 2 * time.Hour, localproxy.IdentityExpired},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -496,10 +496,10 @@ func TestIdentityFailure(t *testing.T) {
 			id, logs, clk := fileIdentity(t, path, true)
 			m := newTinyMint(t)
 			m.setRefusal(tc.refusal)
-			mc := &gatewayproxy.MintClient{Base: m.URL, Identity: id}
+			mc := &localproxy.MintClient{Base: m.URL, Identity: id}
 			clk.advance(tc.after)
 			_, err := mc.Mint(t.Context(), convA)
-			var me *gatewayproxy.MintError
+			var me *localproxy.MintError
 			if !errors.As(err, &me) || me.Status != http.StatusUnauthorized {
 				t.Fatalf("Mint: got %v, want the mint's 401", err)
 			}
@@ -520,7 +520,7 @@ func TestIdentityFailure(t *testing.T) {
 			}
 			changed(id)
 
-			if tc.want != gatewayproxy.IdentityExpired {
+			if tc.want != localproxy.IdentityExpired {
 				// The mint takes the token again (a control plane
 				// restored from a backup, say): the failure is over.
 				m.accept(a)
@@ -542,7 +542,7 @@ func TestIdentityFailure(t *testing.T) {
 			}
 			// A successor written to the file clears it at the next look.
 			writeFile(t, path, b)
-			clk.advance(gatewayproxy.IdentityRecheck)
+			clk.advance(localproxy.IdentityRecheck)
 			id.Refresh()
 			if g := id.Failure(); g != nil {
 				t.Errorf("Failure after a successor appeared: got %+v, want nil", g)
@@ -577,7 +577,7 @@ func TestIdentityExpiryFoundWithoutMint(t *testing.T) {
 	clk.advance(time.Hour)
 	id.Refresh()
 	f := id.Failure()
-	if f == nil || f.Reason != gatewayproxy.IdentityExpired || f.JTI != jti(t, a) || f.Msg != "" {
+	if f == nil || f.Reason != localproxy.IdentityExpired || f.JTI != jti(t, a) || f.Msg != "" {
 		t.Fatalf("Failure after exp: got %+v, want expired for A with no mint message", f)
 	}
 
@@ -607,21 +607,21 @@ func TestNewIdentityRefusesBadConfig(t *testing.T) {
 	writeFile(t, empty, "\n")
 	cases := []struct {
 		name string
-		c    gatewayproxy.IdentityConfig
+		c    localproxy.IdentityConfig
 		want string
 	}{
-		{"neither", gatewayproxy.IdentityConfig{}, "set one of TALKIDE_WORKER_IDENTITY_TOKEN and TALKIDE_WORKER_IDENTITY_TOKEN_FILE"},
-		{"both", gatewayproxy.IdentityConfig{Token: identity, File: other}, "set one of"},
-		{"missing file", gatewayproxy.IdentityConfig{File: filepath.Join(dir, "nope")}, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE"},
-		{"empty file", gatewayproxy.IdentityConfig{File: empty}, "is empty"},
-		{"other tenant in file", gatewayproxy.IdentityConfig{File: other}, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE " + other + ": bound to globex/dev"},
-		{"other tenant as token", gatewayproxy.IdentityConfig{Token: signIdentity("globex", "dev", time.Hour)}, "TALKIDE_WORKER_IDENTITY_TOKEN: bound to globex/dev"},
-		{"not a token", gatewayproxy.IdentityConfig{Token: "abc"}, "TALKIDE_WORKER_IDENTITY_TOKEN: not a token"},
+		{"neither", localproxy.IdentityConfig{}, "set one of TALKIDE_WORKER_IDENTITY_TOKEN and TALKIDE_WORKER_IDENTITY_TOKEN_FILE"},
+		{"both", localproxy.IdentityConfig{Token: identity, File: other}, "set one of"},
+		{"missing file", localproxy.IdentityConfig{File: filepath.Join(dir, "nope")}, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE"},
+		{"empty file", localproxy.IdentityConfig{File: empty}, "is empty"},
+		{"other tenant in file", localproxy.IdentityConfig{File: other}, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE " + other + ": bound to globex/dev"},
+		{"other tenant as token", localproxy.IdentityConfig{Token: signIdentity("globex", "dev", time.Hour)}, "TALKIDE_WORKER_IDENTITY_TOKEN: bound to globex/dev"},
+		{"not a token", localproxy.IdentityConfig{Token: "abc"}, "TALKIDE_WORKER_IDENTITY_TOKEN: not a token"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.c.Tenant, tc.c.Env, tc.c.Logger = "demo", "dev", slog.New(slog.DiscardHandler)
-			_, err := gatewayproxy.NewIdentity(tc.c)
+			_, err := localproxy.NewIdentity(tc.c)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}

@@ -1,4 +1,4 @@
-// Package gatewayproxy is the worker's LocalGatewayProxyServer: an HTTP
+// Package localproxy is the worker's LocalGatewayProxyServer: an HTTP
 // server on 127.0.0.1:<dynamic port> that the Claude Code CLI processes use as
 // ANTHROPIC_BASE_URL (http://127.0.0.1:<port>/<conversationId>).
 //
@@ -17,4 +17,4 @@
 // the token is revoked or expired with no successor.
 //
 // It does not budget, meter or store anything; the control plane does.
-package gatewayproxy
+package localproxy

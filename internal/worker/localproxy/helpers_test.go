@@ -1,4 +1,4 @@
-package gatewayproxy_test
+package localproxy_test
 
 import (
 	"bytes"
@@ -17,9 +17,9 @@ import (
 
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
 const (
@@ -49,9 +49,9 @@ func signIdentity(tenant, env string, ttl time.Duration) string {
 }
 
 // fixedIdentity returns the Identity of demo/dev holding tok.
-func fixedIdentity(t testing.TB, tok string) *gatewayproxy.Identity {
+func fixedIdentity(t testing.TB, tok string) *localproxy.Identity {
 	t.Helper()
-	id, err := gatewayproxy.NewIdentity(gatewayproxy.IdentityConfig{Token: tok, Tenant: "demo", Env: "dev", Logger: slog.New(slog.DiscardHandler)})
+	id, err := localproxy.NewIdentity(localproxy.IdentityConfig{Token: tok, Tenant: "demo", Env: "dev", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,10 +134,10 @@ func newMintServer(t *testing.T) *fakeServer {
 
 // startProxy runs a LocalGatewayProxyServer through p on loopback until the
 // test ends and returns it with its log.
-func startProxy(t *testing.T, p gatewayproxy.GatewayProxy) (*gatewayproxy.Server, *platformtest.LogBuffer) {
+func startProxy(t *testing.T, p localproxy.GatewayProxy) (*localproxy.Server, *platformtest.LogBuffer) {
 	t.Helper()
 	logs := &platformtest.LogBuffer{}
-	s := gatewayproxy.NewServer(p, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s := localproxy.NewServer(p, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if got := s.BaseURL(convA); got != "" {
 		t.Errorf("BaseURL before Listen: got %q, want empty", got)
 	}
@@ -160,10 +160,10 @@ func startProxy(t *testing.T, p gatewayproxy.GatewayProxy) (*gatewayproxy.Server
 	return s, logs
 }
 
-func newMintingProxy(t testing.TB, gw, mint *fakeServer) *gatewayproxy.MintingGatewayProxy {
-	return &gatewayproxy.MintingGatewayProxy{
+func newMintingProxy(t testing.TB, gw, mint *fakeServer) *localproxy.MintingGatewayProxy {
+	return &localproxy.MintingGatewayProxy{
 		Gateway: gw.URL,
-		Mint:    &gatewayproxy.MintClient{Base: mint.URL, Identity: fixedIdentity(t, identity)},
+		Mint:    &localproxy.MintClient{Base: mint.URL, Identity: fixedIdentity(t, identity)},
 	}
 }
 

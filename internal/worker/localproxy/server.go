@@ -1,10 +1,13 @@
-package gatewayproxy
+package localproxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -65,9 +68,10 @@ type Server struct {
 func NewServer(p GatewayProxy, log *slog.Logger) *Server {
 	s := &Server{proxy: p, log: log, secrets: make(map[string]string)}
 	s.rp = &httputil.ReverseProxy{
-		Rewrite:       s.rewrite,
-		FlushInterval: -1, // flush every write: SSE events must not wait in a buffer
-		ErrorHandler:  s.proxyError,
+		Rewrite:        s.rewrite,
+		ModifyResponse: retryExpired,
+		FlushInterval:  -1, // flush every write: SSE events must not wait in a buffer
+		ErrorHandler:   s.proxyError,
 		Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -199,6 +203,34 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header[k] = vs
 	}
 	// No X-Forwarded-*: the CLI's address is of no use upstream.
+}
+
+// maxErrorBody bounds how much of a 401 answer retryExpired reads.
+const maxErrorBody = 64 << 10
+
+// retryExpired tells the CLI to retry a 401 that the gateway gave for an
+// expired WorkerToken. The gateway says x-should-retry: false, which is
+// true for a client that resends the same token; behind this proxy the
+// retried request gets a freshly minted one, so here the truth is "retry".
+func retryExpired(resp *http.Response) error {
+	if resp.StatusCode != http.StatusUnauthorized {
+		return nil
+	}
+	orig := resp.Body
+	body, err := io.ReadAll(io.LimitReader(orig, maxErrorBody))
+	// The CLI gets the whole answer: what was read, then the rest.
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), orig), orig}
+	if err != nil {
+		return nil // nothing to decide on; the read error comes again
+	}
+	var env anthropic.ErrorEnvelope
+	if json.Unmarshal(body, &env) == nil && env.Error.Details["error_code"] == contract.ErrCodeTokenExpired {
+		resp.Header.Set("x-should-retry", "true")
+	}
+	return nil
 }
 
 func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {

@@ -1,4 +1,4 @@
-package gatewayproxy
+package localproxy
 
 import (
 	"bytes"

@@ -40,8 +40,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/sessionstore"
 )
 
 // FormatVersion is the on-disk format of an entry file; files of another
@@ -294,7 +294,7 @@ func (o *Outbox) Put(conv, method, path, key string, body []byte) (int64, error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("put report: %w", err)
 	}
-	if err := sessionstore.WriteFileAtomic(o.entryPath(conv, e.Seq), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(o.entryPath(conv, e.Seq), b, 0o600); err != nil {
 		return 0, fmt.Errorf("put report: %w", err)
 	}
 	o.nextSeq++

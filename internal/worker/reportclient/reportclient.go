@@ -22,17 +22,17 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/gatewayproxy"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/outbox"
+	"github.com/talkide/talkide/internal/worker/localproxy"
+	"github.com/talkide/talkide/internal/worker/outbox"
 )
 
-// Minter mints WorkerTokens (gatewayproxy.MintClient).
+// Minter mints WorkerTokens (localproxy.MintClient).
 type Minter interface {
 	Mint(ctx context.Context, conv string) (contract.MintResponse, error)
 }
 
-var _ Minter = (*gatewayproxy.MintClient)(nil)
+var _ Minter = (*localproxy.MintClient)(nil)
 
 // Client calls the reporting endpoints.
 type Client struct {
@@ -151,7 +151,7 @@ func Permanent(err error) bool {
 	if errors.As(err, &se) {
 		return se.Status >= 400 && se.Status < 500 && se.Status != 401 && se.Status != 408 && se.Status != 429
 	}
-	var me *gatewayproxy.MintError
+	var me *localproxy.MintError
 	return errors.As(err, &me) && (me.Status == http.StatusForbidden || me.Status == http.StatusBadRequest)
 }
 
@@ -169,7 +169,7 @@ func statusOf(err error) int {
 	if errors.As(err, &se) {
 		return se.Status
 	}
-	var me *gatewayproxy.MintError
+	var me *localproxy.MintError
 	if errors.As(err, &me) {
 		return me.Status
 	}

@@ -30,9 +30,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/outbox"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/outbox"
 )
 
 // Logs gives access to conversations' event logs (the harness).
@@ -246,7 +247,7 @@ func (f *Feed) cursor(conv string) (int64, error) {
 
 func (f *Feed) saveCursor(conv string, id int64) error {
 	b, _ := json.Marshal(cursorFile{Format: 1, EventID: id})
-	if err := sessionstore.WriteFileAtomic(f.cursorPath(conv), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(f.cursorPath(conv), b, 0o600); err != nil {
 		return fmt.Errorf("save report cursor: %w", err)
 	}
 	return nil

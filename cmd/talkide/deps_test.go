@@ -1,0 +1,28 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/talkide/talkide/internal/deptest"
+)
+
+// TestDeps keeps the launcher a launcher: it runs the worker and the
+// development upstream as processes of their own, as production runs them
+// as pods, so it links nothing that runs agents or stands in for Anthropic.
+// It may link what it needs to set a machine up (the database, the mint to
+// issue the worker's identity token). It links internal/controlplane today
+// for three helpers of `talkide user add` (ValidUserID, ParseTenantEnvs,
+// HashUserToken); with those beside the users table in controlstore the
+// control-plane packages could be forbidden here too.
+func TestDeps(t *testing.T) {
+	const in = "github.com/talkide/talkide/internal/"
+	deptest.Check(t, ".", map[string]string{
+		in + "worker/...":   "the worker runs as its own process (talkide-worker)",
+		in + "harness":      "agents run in the worker's process",
+		in + "sessionstore": "the SessionStore is the worker's, on its volume",
+		in + "sandbox":      "agents are confined by the worker",
+		in + "claudecli":    "the CLI is started by the worker",
+		in + "buildjob":     "builds are dispatched by the worker",
+		in + "devupstream":  "the development upstream runs as its own process (talkide-devupstream)",
+	})
+}

@@ -1,0 +1,143 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdk "github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/token"
+)
+
+// countingTransport counts the requests a client sends.
+type countingTransport struct{ n atomic.Int32 }
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// sdkClient is the official Anthropic Go SDK set up as docs/direct-sdk.md
+// says: the gateway as base URL, the WorkerToken in X-Worker-Token, the
+// SDK's default retries. Its requests are counted.
+func sdkClient(f *fixture, tok string) (sdk.Client, *countingTransport) {
+	ct := &countingTransport{}
+	return sdk.NewClient(
+		option.WithoutEnvironmentDefaults(),
+		option.WithBaseURL(f.gw.URL+contract.PathGatewayPrefix+"/"),
+		option.WithAPIKey("unused"), // the gateway drops it and adds its own
+		option.WithHeader(contract.HeaderWorkerToken, tok),
+		option.WithHTTPClient(&http.Client{Transport: ct}),
+	), ct
+}
+
+var sdkParams = sdk.MessageNewParams{
+	Model:     "claude-sonnet-4-5",
+	MaxTokens: 1024,
+	Messages:  []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock("hello"))},
+}
+
+// sdkErrorCode is error.details.error_code of an SDK error's body.
+func sdkErrorCode(t *testing.T, e *sdk.Error) string {
+	t.Helper()
+	var env struct {
+		Error struct {
+			Details map[string]any `json:"details"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(e.RawJSON()), &env); err != nil {
+		t.Fatalf("error body %q: %v", e.RawJSON(), err)
+	}
+	code, _ := env.Error.Details["error_code"].(string)
+	return code
+}
+
+// TestGatewayWithOfficialGoSDK: a direct SDK client over real HTTP can tell
+// the gateway's answers apart by status and headers alone, as the SDK's
+// retry logic does: it retries a transient 429 (the upstream's rate
+// limit), does not retry a budget denial (x-should-retry: false, with
+// retry-after until the period resets), and does not resend an expired
+// WorkerToken, whose 401 names worker_token_expired so the client re-mints.
+func TestGatewayWithOfficialGoSDK(t *testing.T) {
+	t.Run("transient 429 is retried", func(t *testing.T) {
+		f := newFixture(t)
+		f.up.Script(devupstream.Response{Error: &devupstream.APIError{Status: 429, Type: "rate_limit_error", Message: "slow down",
+			Header: map[string]string{"retry-after": "0"}}})
+		c, ct := sdkClient(f, f.workerToken(t, convID, userID))
+		msg, err := c.Messages.New(t.Context(), sdkParams)
+		if err != nil {
+			t.Fatalf("Messages.New: %v; want success after a retry", err)
+		}
+		if len(msg.Content) == 0 {
+			t.Error("answer has no content")
+		}
+		if n := ct.n.Load(); n != 2 {
+			t.Errorf("requests the SDK sent: got %d, want 2 (one retry)", n)
+		}
+	})
+
+	t.Run("budget 429 is not retried", func(t *testing.T) {
+		f := newFixture(t)
+		if err := f.budget.SetUserLimit(t.Context(), userID, 1000); err != nil {
+			t.Fatal(err)
+		}
+		c, ct := sdkClient(f, f.workerToken(t, convID, userID))
+		_, err := c.Messages.New(t.Context(), sdkParams)
+		var e *sdk.Error
+		if !errors.As(err, &e) || e.StatusCode != http.StatusTooManyRequests || e.Type() != "rate_limit_error" {
+			t.Fatalf("Messages.New: got %v, want a 429 rate_limit_error", err)
+		}
+		if n := ct.n.Load(); n != 1 {
+			t.Errorf("requests the SDK sent: got %d, want 1 (no retry)", n)
+		}
+		if e.Response.Header.Get("x-should-retry") != "false" {
+			t.Errorf("x-should-retry: got %q, want false", e.Response.Header.Get("x-should-retry"))
+		}
+		if ra, err := strconv.Atoi(e.Response.Header.Get("retry-after")); err != nil || ra < 1 || ra > 31*24*3600 {
+			t.Errorf("retry-after: got %q, want the seconds until the month ends", e.Response.Header.Get("retry-after"))
+		}
+		if !strings.HasPrefix(e.Message, gateway.MsgBudgetExhausted) || sdkErrorCode(t, e) != contract.ErrCodeBudgetExceeded {
+			t.Errorf("message %q, code %q: want %q… and %s", e.Message, sdkErrorCode(t, e), gateway.MsgBudgetExhausted, contract.ErrCodeBudgetExceeded)
+		}
+		if n := f.rec.arrivals.Load(); n != 0 {
+			t.Errorf("upstream: got %d requests, want none", n)
+		}
+	})
+
+	t.Run("expired token is not resent", func(t *testing.T) {
+		f := newFixture(t)
+		expired, err := token.NewSigner(token.PurposeGateway, f.master.Derive(token.PurposeGateway, "", "")).
+			Sign(token.Claims{Tenant: tenant, Env: env, Conversation: convID, User: userID}, -time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, ct := sdkClient(f, expired)
+		_, err = c.Messages.New(t.Context(), sdkParams)
+		var e *sdk.Error
+		if !errors.As(err, &e) || e.StatusCode != http.StatusUnauthorized || e.Type() != "authentication_error" {
+			t.Fatalf("Messages.New: got %v, want a 401 authentication_error", err)
+		}
+		if n := ct.n.Load(); n != 1 {
+			t.Errorf("requests the SDK sent: got %d, want 1 (the same token would fail again)", n)
+		}
+		if code := sdkErrorCode(t, e); code != contract.ErrCodeTokenExpired {
+			t.Errorf("error_code: got %q, want %s", code, contract.ErrCodeTokenExpired)
+		}
+		// Re-minting (here: signing a fresh token as the mint would) and
+		// sending again succeeds.
+		c2, _ := sdkClient(f, f.workerToken(t, convID, userID))
+		if _, err := c2.Messages.New(t.Context(), sdkParams); err != nil {
+			t.Errorf("with a fresh token: %v", err)
+		}
+	})
+}
