@@ -3,10 +3,13 @@ package e2e
 import (
 	"bytes"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/worker"
@@ -60,5 +63,35 @@ func TestBrowserErrorFindsItsLogLines(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(w, "\n"), "permission request not found") {
 		t.Errorf("the worker's lines do not say what failed: %q", w)
+	}
+}
+
+// TestFailedTurnNamesTheModelCall: a turn that fails because the gateway
+// refused its model call (the budget) shows the browser the call's request
+// id in the turn_failed message, and that id finds the call's lines in the
+// worker's log (its local proxy) and in the control plane's (the mint and
+// the gateway).
+func TestFailedTurnNamesTheModelCall(t *testing.T) {
+	var cpLog, wLog syncBuffer
+	p := platformtest.Start(t, platformtest.Options{
+		ControlPlane: func(c *controlplane.Config) { c.Logger = slog.New(slog.NewJSONHandler(&cpLog, nil)) },
+		Worker:       func(c *worker.Config) { c.Logger = slog.New(slog.NewJSONHandler(&wLog, nil)) },
+	})
+	setLimit(t, p, "dev", 1_000) // below any call's worst case
+	conv := p.NewConversation()
+	s := p.OpenStream(conv, 0)
+	p.Send(conv, "hello")
+	end := s.Until(5*time.Minute, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnFailed {
+		t.Fatalf("got %s %s, want turn_failed", end.Type, end.Data)
+	}
+	f := platformtest.Payload[contract.TurnFailed](t, end)
+	id := regexp.MustCompile(`req_[a-z2-7]{20}`).FindString(f.Message)
+	if id == "" {
+		t.Fatalf("turn_failed message names no request id: %q", f.Message)
+	}
+	cp, w := cpLog.lines(`"request_id":"`+id+`"`), wLog.lines(`"request_id":"`+id+`"`)
+	if !strings.Contains(strings.Join(cp, "\n"), "budget denied call") || !strings.Contains(strings.Join(w, "\n"), `"status":429`) {
+		t.Fatalf("request %s: control plane lines %q, worker lines %q", id, cp, w)
 	}
 }

@@ -324,7 +324,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID 
 	}
 	h.m.deny(f.reason)
 	h.m.request(apiPath, f.status)
-	anthropic.WriteError(w, f.status, f.typ, f.msg, reqID, f.details)
+	// The id ends the message too: Claude Code shows only the message (in
+	// its "API Error: …" text, which becomes the browser's turn_failed), and
+	// the id is what finds the call in the worker's and this log.
+	anthropic.WriteError(w, f.status, f.typ, f.msg+" (request "+reqID+")", reqID, f.details)
 }
 
 // admit checks the call and reserves its budget. It returns the call to

@@ -76,6 +76,7 @@ func (c *MintClient) mint(ctx context.Context, conv, identity string) (contract.
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+identity)
+	httpapi.SetRequestID(req) // the model call's id, in the mint's log lines too
 	hc := c.HTTP
 	if hc == nil {
 		hc = defaultMintHTTP

@@ -66,10 +66,10 @@ type Server struct {
 
 // NewServer returns a Server that forwards through p.
 func NewServer(p GatewayProxy, log *slog.Logger) *Server {
-	s := &Server{proxy: p, log: log, secrets: make(map[string]string)}
+	s := &Server{proxy: p, log: httpapi.WithRequestIDs(log), secrets: make(map[string]string)}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        s.rewrite,
-		ModifyResponse: retryExpired,
+		ModifyResponse: s.answered,
 		FlushInterval:  -1, // flush every write: SSE events must not wait in a buffer
 		ErrorHandler:   s.proxyError,
 		Transport: &http.Transport{
@@ -138,8 +138,13 @@ type target struct {
 	header http.Header
 }
 
-// ServeHTTP handles /<conversationId>/<api path>.
+// ServeHTTP handles /<conversationId>/<api path>. Each model call gets a
+// request id (httpapi.NewRequestID), sent to the mint and the gateway in
+// X-Request-Id and carried by this proxy's log lines about the call; the
+// gateway answers with it (request-id header, error bodies), so the CLI's
+// "API Error: …" text, and the turn_failed event made of it, name it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = r.WithContext(httpapi.WithRequestID(r.Context(), httpapi.NewRequestID()))
 	conv, apiPath, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	apiPath = "/" + apiPath
 	if !ok || contract.ValidConversationID(conv) != nil || path.Clean(apiPath) != apiPath {
@@ -159,7 +164,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.authorized(conv, r) {
-		s.log.Warn("local proxy refused a request without the conversation's credential", "conversation", conv, "path", apiPath)
+		s.log.WarnContext(r.Context(), "local proxy refused a request without the conversation's credential", "conversation", conv, "path", apiPath)
 		anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "missing or wrong conversation credential", "", nil)
 		return
 	}
@@ -169,7 +174,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !errors.As(err, &pe) {
 			pe = &Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Msg: "gateway unavailable", Err: err}
 		}
-		s.log.Warn("local proxy could not prepare request", "conversation", conv, "status", pe.Status, "err", err)
+		s.log.WarnContext(r.Context(), "local proxy could not prepare request", "conversation", conv, "status", pe.Status, "err", err)
 		anthropic.WriteError(w, pe.Status, pe.Type, pe.Msg, "", nil)
 		return
 	}
@@ -202,7 +207,20 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	for k, vs := range t.header {
 		pr.Out.Header[k] = vs
 	}
+	httpapi.SetRequestID(pr.Out)
 	// No X-Forwarded-*: the CLI's address is of no use upstream.
+}
+
+// answered logs the gateway's answer to a model call (a refusal at info, a
+// success at debug), with the call's request id, then lets retryExpired
+// look at it.
+func (s *Server) answered(resp *http.Response) error {
+	level := slog.LevelDebug
+	if resp.StatusCode >= 400 {
+		level = slog.LevelInfo
+	}
+	s.log.Log(resp.Request.Context(), level, "model call answered", "path", resp.Request.URL.Path, "status", resp.StatusCode)
+	return retryExpired(resp)
 }
 
 // maxErrorBody bounds how much of a 401 answer retryExpired reads.
@@ -235,7 +253,7 @@ func retryExpired(resp *http.Response) error {
 
 func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
-		s.log.Info("local proxy client went away", "path", r.URL.Path, "status", httpapi.StatusClientClosed)
+		s.log.InfoContext(r.Context(), "local proxy client went away", "path", r.URL.Path, "status", httpapi.StatusClientClosed)
 		return
 	}
 	status, typ := http.StatusBadGateway, anthropic.ErrAPI
@@ -243,7 +261,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
 	}
-	s.log.Warn("local proxy upstream failed", "path", r.URL.Path, "status", status, "err", err)
+	s.log.WarnContext(r.Context(), "local proxy upstream failed", "path", r.URL.Path, "status", status, "err", err)
 	anthropic.WriteError(w, status, typ, "gateway unreachable", "", nil)
 }
 
