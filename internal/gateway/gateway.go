@@ -379,7 +379,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		if r.Context().Err() != nil {
 			return nil, nil
 		}
-		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "read request body: " + err.Error()}
+		// The cause (a cut connection, a broken chunked body) is for the log;
+		// the client gets a message that names no internals.
+		h.log.InfoContext(r.Context(), "gateway could not read the request body", "request_id", reqID, "err", err)
+		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "the request body could not be read"}
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))

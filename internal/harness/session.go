@@ -2,11 +2,13 @@ package harness
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -128,7 +130,9 @@ func (s *session) saveLocked() error {
 	}
 	if err := s.h.store.SaveMeta(s.meta); err != nil {
 		s.h.log.Error("save session state", "conversation", s.conv, "err", err)
-		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "storage_error", Message: "the conversation state could not be saved: " + err.Error()})
+		// The cause names the worker's volume and files: it goes to the log
+		// only; the browser learns what it means for the conversation.
+		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "storage_error", Message: "the worker could not save this conversation's state; what happens next may be lost if the worker restarts (the worker's log has the cause)"})
 		return err
 	}
 	return nil
@@ -196,7 +200,7 @@ func (s *session) pumpLocked() {
 				s.h.log.Error("start claude code", "conversation", s.conv, "err", err)
 				s.emitLocked(contract.EventTurnFailed, contract.TurnFailed{
 					ClientMessageID: next.ClientMessageID, Reason: contract.FailStartFailed,
-					Message: "could not start the agent: " + err.Error(),
+					Message: startFailedMessage(err),
 				})
 				s.releaseSlotLocked()
 				continue
@@ -548,4 +552,20 @@ func (s *session) unpin() {
 	s.h.mu.Lock()
 	s.pins--
 	s.h.mu.Unlock()
+}
+
+// startFailedMessage tells the browser why a turn could not start without
+// the cause's internals (paths, binaries, system errors), which the
+// worker's log has: a worker at its limits says so, anything else is the
+// platform's fault.
+func startFailedMessage(err error) string {
+	var refused *startRefused
+	if errors.As(err, &refused) {
+		return refused.msg
+	}
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOSPC) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EAGAIN) {
+		return "the agent could not be started: the worker is at one of its limits (open files, disk, memory or processes); send the message again shortly"
+	}
+	return "the agent could not be started because of a fault on the worker (its log has the cause); send the message again, and tell the operator if it keeps failing"
 }

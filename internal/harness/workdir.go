@@ -1,8 +1,6 @@
 package harness
 
 import (
-	"fmt"
-
 	"github.com/talkide/talkide/internal/sessionstore"
 )
 
@@ -52,8 +50,18 @@ func (s *session) workDirRefusal() error {
 	if s.workDirErr == nil {
 		return nil
 	}
-	return fmt.Errorf("refused to run the agent: the conversation's state names a working directory outside this worker's workspace root (%w)", s.workDirErr)
+	return &startRefused{msg: "refused to run the agent: the conversation's state names a working directory outside this worker's workspace root", err: s.workDirErr}
 }
+
+// startRefused is a start the worker refused on purpose: Msg is safe to
+// show the user; the cause (with paths) is for the log.
+type startRefused struct {
+	msg string
+	err error
+}
+
+func (e *startRefused) Error() string { return e.msg + " (" + e.err.Error() + ")" }
+func (e *startRefused) Unwrap() error { return e.err }
 
 // leftoverTmpDir is the CLAUDE_CODE_TMPDIR by which the leftover processes
 // of a crashed CLI process of the conversation are found (killByMarker):

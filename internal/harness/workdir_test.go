@@ -3,10 +3,12 @@ package harness
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -145,4 +147,23 @@ func summary(evs []contract.Event) string {
 		b.WriteString(string(ev.Type) + " " + string(ev.Data) + "\n")
 	}
 	return b.String()
+}
+
+// TestStartFailureNamesNoInternals: why the agent could not start reaches
+// the browser without the worker's paths or system error text (the log has
+// them); a refusal on purpose keeps its explanation.
+func TestStartFailureNamesNoInternals(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("start claude: fork/exec /opt/talkide/.tools/claude: %w", syscall.ENOENT), "fault on the worker"},
+		{fmt.Errorf("pipe: %w", syscall.EMFILE), "at one of its limits"},
+		{&startRefused{msg: "refused to run the agent: outside the root", err: errors.New("/srv/volume/victim")}, "refused to run the agent: outside the root"},
+	} {
+		got := startFailedMessage(tc.err)
+		if !strings.Contains(got, tc.want) || strings.Contains(got, "/") {
+			t.Errorf("%v: message %q, want it to say %q and name no path", tc.err, got, tc.want)
+		}
+	}
 }
