@@ -135,10 +135,10 @@ func addUser(ctx context.Context, args []string, out io.Writer, log *slog.Logger
 	if strings.TrimSpace(*id) == "" {
 		return errors.New("add-user: -id is required")
 	}
-	if !controlplane.ValidUserID(*id) {
+	if !controlstore.ValidUserID(*id) {
 		return fmt.Errorf("add-user: -id %q: want at most 128 bytes of UTF-8 without control characters or surrounding spaces", *id)
 	}
-	te, err := controlplane.ParseTenantEnvs(*grants)
+	te, err := controlstore.ParseTenantEnvs(*grants)
 	if err != nil {
 		return fmt.Errorf("add-user: -grant: %w", err)
 	}
@@ -154,7 +154,7 @@ func addUser(ctx context.Context, args []string, out io.Writer, log *slog.Logger
 		return err
 	}
 	defer db.Close()
-	if err := db.UpsertUser(ctx, controlstore.User{ID: *id, TokenHash: controlplane.HashUserToken(*tok)}, te...); err != nil {
+	if err := db.UpsertUser(ctx, controlstore.User{ID: *id, TokenHash: controlstore.HashUserToken(*tok)}, te...); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "user %s: bearer token %s\n", *id, *tok)

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -45,7 +44,7 @@ func TestOperatorCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := db.UserByTokenHash(ctx, controlplane.HashUserToken(tok))
+	u, err := db.UserByTokenHash(ctx, controlstore.HashUserToken(tok))
 	if err != nil || u.ID != "alice" {
 		t.Fatalf("user from the printed token: %+v, %v", u, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/harden"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/token"
@@ -123,7 +124,7 @@ func readConfig(log *slog.Logger) (controlplane.Config, error) {
 		cfg.ShutdownGrace = d
 	}
 	for name, dst := range map[string]*[][2]string{"TALKIDE_DEV_GRANTS": &cfg.DevGrants, "TALKIDE_HEALTH_WORKERS": &cfg.HealthWorkers} {
-		te, err := controlplane.ParseTenantEnvs(os.Getenv(name))
+		te, err := controlstore.ParseTenantEnvs(os.Getenv(name))
 		if err != nil {
 			return cfg, fmt.Errorf("%s: %w", name, err)
 		}
@@ -139,7 +140,7 @@ func workerCredentials(ctx context.Context, args []string, out io.Writer, log *s
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if _, err := controlplane.ParseTenantEnvs(*tenant + "/" + *env); err != nil {
+	if _, err := controlstore.ParseTenantEnvs(*tenant + "/" + *env); err != nil {
 		return fmt.Errorf("worker-credentials: -tenant and -env: %w", err)
 	}
 	cfg, err := configFromEnv(log)

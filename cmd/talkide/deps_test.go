@@ -10,10 +10,8 @@ import (
 // development upstream as processes of their own, as production runs them
 // as pods, so it links nothing that runs agents or stands in for Anthropic.
 // It may link what it needs to set a machine up (the database, the mint to
-// issue the worker's identity token). It links internal/controlplane today
-// for three helpers of `talkide user add` (ValidUserID, ParseTenantEnvs,
-// HashUserToken); with those beside the users table in controlstore the
-// control-plane packages could be forbidden here too.
+// issue the worker's identity token, the users table for `talkide user
+// add`); the control plane runs as a process of its own too.
 func TestDeps(t *testing.T) {
 	const in = "github.com/talkide/talkide/internal/"
 	deptest.Check(t, ".", map[string]string{
@@ -24,5 +22,9 @@ func TestDeps(t *testing.T) {
 		in + "claudecli":    "the CLI is started by the worker",
 		in + "buildjob":     "builds are dispatched by the worker",
 		in + "devupstream":  "the development upstream runs as its own process (talkide-devupstream)",
+		in + "controlplane": "the control plane runs as its own process (talkide-controlplane)",
+		in + "gateway":      "the gateway-proxy holds the API key, in the control plane's process",
+		in + "budget":       "budgets are booked by the control plane",
+		in + "webui":        "the browser UI is served by the control plane",
 	})
 }

@@ -9,11 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 )
 
@@ -27,18 +26,6 @@ var ledgerKinds = []string{"reserve", "debit", "expire", "refund"}
 
 // maxLedgerLimit is the most entries one ledger query returns.
 const maxLedgerLimit = 10000
-
-// maxUserIDBytes bounds a user id.
-const maxUserIDBytes = 128
-
-// ValidUserID reports whether id can name a user: 1-128 bytes of UTF-8 with
-// no control characters and no leading or trailing white space.
-func ValidUserID(id string) bool {
-	if id == "" || len(id) > maxUserIDBytes || !utf8.ValidString(id) || strings.TrimSpace(id) != id {
-		return false
-	}
-	return !strings.ContainsFunc(id, unicode.IsControl)
-}
 
 // onlyParams refuses query parameters other than allowed (and a parameter
 // given twice), so a misspelt filter is an error rather than no filter.
@@ -63,8 +50,8 @@ func onlyParams(q url.Values, allowed ...string) error {
 // userParam returns the path's {user}, or a 400 when it cannot name a user.
 func userParam(r *http.Request) (string, error) {
 	u := r.PathValue("user")
-	if !ValidUserID(u) {
-		return "", httpapi.BadRequest("user %q: want 1-%d bytes of UTF-8 without control characters or surrounding spaces", u, maxUserIDBytes)
+	if !controlstore.ValidUserID(u) {
+		return "", httpapi.BadRequest("user %q: want 1-%d bytes of UTF-8 without control characters or surrounding spaces", u, controlstore.MaxUserIDBytes)
 	}
 	return u, nil
 }
@@ -136,8 +123,8 @@ func ledgerQuery(q url.Values) (budget.LedgerQuery, error) {
 		return budget.LedgerQuery{}, err
 	}
 	lq := budget.LedgerQuery{UserID: q.Get("user"), ConversationID: q.Get("conversation"), Kind: q.Get("kind")}
-	if q.Has("user") && !ValidUserID(lq.UserID) {
-		return lq, httpapi.BadRequest("user %q: want 1-%d bytes of UTF-8 without control characters or surrounding spaces", lq.UserID, maxUserIDBytes)
+	if q.Has("user") && !controlstore.ValidUserID(lq.UserID) {
+		return lq, httpapi.BadRequest("user %q: want 1-%d bytes of UTF-8 without control characters or surrounding spaces", lq.UserID, controlstore.MaxUserIDBytes)
 	}
 	if q.Has("conversation") && contract.ValidConversationID(lq.ConversationID) != nil {
 		return lq, httpapi.BadRequest("conversation %q: want a conversation id (1-64 characters of [A-Za-z0-9_-])", lq.ConversationID)

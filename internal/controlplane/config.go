@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/talkide/talkide/internal/budget"
@@ -202,23 +201,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("TALKIDE_PROVISIONER %q: want kubernetes, or unset", c.Provisioner))
 	}
 	return errors.Join(errs...)
-}
-
-// ParseTenantEnvs parses "tenant/env,tenant/env".
-func ParseTenantEnvs(s string) ([][2]string, error) {
-	var out [][2]string
-	for part := range strings.SplitSeq(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		t, e, ok := strings.Cut(part, "/")
-		if !ok || !validName(t) || !validName(e) {
-			return nil, fmt.Errorf("parse %q: want tenant/env of [a-z0-9-]", part)
-		}
-		out = append(out, [2]string{t, e})
-	}
-	return out, nil
 }
 
 // validName checks a tenant or env name: a DNS label, since the worker

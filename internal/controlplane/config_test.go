@@ -2,16 +2,18 @@ package controlplane
 
 import (
 	"testing"
+
+	"github.com/talkide/talkide/internal/controlstore"
 )
 
 func TestParseTenantEnvs(t *testing.T) {
-	got, err := ParseTenantEnvs(" demo/dev, acme-co/prod ,")
+	got, err := controlstore.ParseTenantEnvs(" demo/dev, acme-co/prod ,")
 	if err != nil || len(got) != 2 || got[1] != [2]string{"acme-co", "prod"} {
 		t.Errorf("got %v, %v", got, err)
 	}
 	for _, bad := range []string{"demo", "demo/", "/dev", "Demo/dev", "de mo/dev", "-a/dev", "a/b/c", "../x/dev"} {
-		if _, err := ParseTenantEnvs(bad); err == nil {
-			t.Errorf("ParseTenantEnvs(%q): got nil error", bad)
+		if _, err := controlstore.ParseTenantEnvs(bad); err == nil {
+			t.Errorf("controlstore.ParseTenantEnvs(%q): got nil error", bad)
 		}
 	}
 }
@@ -19,7 +21,7 @@ func TestParseTenantEnvs(t *testing.T) {
 func FuzzParseTenantEnvs(f *testing.F) {
 	f.Add("demo/dev,acme/prod")
 	f.Fuzz(func(t *testing.T, s string) {
-		tes, err := ParseTenantEnvs(s)
+		tes, err := controlstore.ParseTenantEnvs(s)
 		if err != nil {
 			return
 		}

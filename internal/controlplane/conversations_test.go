@@ -35,7 +35,7 @@ type conversationPage struct {
 // seedUser stores user id with token tok and the grant acme/dev.
 func seedUser(t *testing.T, db *controlstore.DB, id, tok string) {
 	t.Helper()
-	if err := db.UpsertUser(t.Context(), controlstore.User{ID: id, TokenHash: HashUserToken(tok)}, [2]string{"acme", "dev"}); err != nil {
+	if err := db.UpsertUser(t.Context(), controlstore.User{ID: id, TokenHash: controlstore.HashUserToken(tok)}, [2]string{"acme", "dev"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -34,7 +34,7 @@ func TestStreamThatCannotReachItsWorkerIsAnError(t *testing.T) {
 	f := startControlPlaneWith(t, func(c *Config) { c.WorkerURLTemplate = worker.URL })
 	db := f.db
 	ctx := t.Context()
-	if err := db.UpsertUser(ctx, controlstore.User{ID: "alice", TokenHash: HashUserToken("tk_alice")}, [2]string{"acme", "dev"}); err != nil {
+	if err := db.UpsertUser(ctx, controlstore.User{ID: "alice", TokenHash: controlstore.HashUserToken("tk_alice")}, [2]string{"acme", "dev"}); err != nil {
 		t.Fatal(err)
 	}
 	conv := controlstore.Conversation{ID: "conv-1", Tenant: "acme", Env: "dev", UserID: "alice", CreatedAt: time.Now().UTC()}

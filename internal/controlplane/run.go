@@ -96,7 +96,7 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 	spend := newSpendParts(cfg, db)
 	defer spend.close() // after the server stopped: pending debits are booked
 	if cfg.DevUserToken != "" {
-		if err := db.UpsertUser(ctx, controlstore.User{ID: "dev", TokenHash: HashUserToken(cfg.DevUserToken)}, cfg.DevGrants...); err != nil {
+		if err := db.UpsertUser(ctx, controlstore.User{ID: "dev", TokenHash: controlstore.HashUserToken(cfg.DevUserToken)}, cfg.DevGrants...); err != nil {
 			return err
 		}
 	}

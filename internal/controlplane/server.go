@@ -2,8 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -121,17 +119,11 @@ func (s *Server) user(r *http.Request) (controlstore.User, error) {
 	if raw == "" {
 		return controlstore.User{}, httpapi.Unauthorized("missing bearer token (Authorization: Bearer <user token>)", nil)
 	}
-	u, err := s.db.UserByTokenHash(r.Context(), HashUserToken(raw))
+	u, err := s.db.UserByTokenHash(r.Context(), controlstore.HashUserToken(raw))
 	if errors.Is(err, controlstore.ErrNotFound) {
 		return controlstore.User{}, httpapi.Unauthorized("unknown user token", nil)
 	}
 	return u, err
-}
-
-// HashUserToken returns the stored form of a user's bearer token.
-func HashUserToken(raw string) string {
-	sum := sha256.Sum256([]byte(raw))
-	return hex.EncodeToString(sum[:])
 }
 
 // conversation loads conversation id for user u; another user's

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/talkide/talkide/internal/atomicfile"
-	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/controlstore"
 )
 
@@ -53,10 +52,10 @@ func AddUser(ctx context.Context, cfg UserConfig) error {
 	if cfg.Out == nil {
 		cfg.Out = os.Stdout
 	}
-	if !controlplane.ValidUserID(cfg.Name) {
+	if !controlstore.ValidUserID(cfg.Name) {
 		return fmt.Errorf("user name %q: want 1 to 128 bytes of UTF-8 without control characters or surrounding spaces", cfg.Name)
 	}
-	grants, err := controlplane.ParseTenantEnvs(cfg.Tenant + "/" + cfg.Env)
+	grants, err := controlstore.ParseTenantEnvs(cfg.Tenant + "/" + cfg.Env)
 	if err != nil {
 		return fmt.Errorf("tenant and env: %w", err)
 	}
@@ -88,7 +87,7 @@ func AddUser(ctx context.Context, cfg UserConfig) error {
 		return err
 	}
 	defer db.Close()
-	err = db.CreateUser(ctx, controlstore.User{ID: cfg.Name, TokenHash: controlplane.HashUserToken(tok)}, grants...)
+	err = db.CreateUser(ctx, controlstore.User{ID: cfg.Name, TokenHash: controlstore.HashUserToken(tok)}, grants...)
 	if errors.Is(err, controlstore.ErrExists) {
 		return fmt.Errorf("a user named %s exists already in %s: choose another name (its token is unchanged)", cfg.Name, state)
 	}

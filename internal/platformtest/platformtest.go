@@ -443,7 +443,7 @@ func (p *Platform) AddUser(id, tok string, grants ...[2]string) {
 		p.T.Fatal(err)
 	}
 	defer db.Close()
-	if err := db.UpsertUser(context.Background(), controlstore.User{ID: id, TokenHash: controlplane.HashUserToken(tok)}, grants...); err != nil {
+	if err := db.UpsertUser(context.Background(), controlstore.User{ID: id, TokenHash: controlstore.HashUserToken(tok)}, grants...); err != nil {
 		p.T.Fatal(err)
 	}
 }
