@@ -154,7 +154,8 @@ func (s *Server) renameConversation(w http.ResponseWriter, r *http.Request) erro
 
 // me serves GET /api/me[?tenant=T]: the caller, the tenant-envs they may
 // use and their budget in this period (for calls through tenant T when
-// given: a tenant's own limit applies to them).
+// given: a tenant's own limit applies to them; 403 for a tenant the caller
+// has no grant in).
 func (s *Server) me(w http.ResponseWriter, r *http.Request) error {
 	u, err := s.user(r)
 	if err != nil {
@@ -173,8 +174,15 @@ func (s *Server) me(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp := meResponse{User: u.ID, Grants: make([]grantJSON, 0, len(grants))}
+	granted := tenant == ""
 	for _, g := range grants {
 		resp.Grants = append(resp.Grants, grantJSON{Tenant: g.Tenant, Env: g.Env})
+		granted = granted || g.Tenant == tenant
+	}
+	if !granted {
+		// A tenant's limit is its administrators' business: only its users
+		// see how it applies to them.
+		return httpapi.Forbidden("you have no access to tenant "+tenant, nil)
 	}
 	sp, err := s.budget.Spend(r.Context(), u.ID, tenant)
 	if err != nil {

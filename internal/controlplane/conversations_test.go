@@ -196,7 +196,7 @@ func testConversationList(t *testing.T, f *cpFixture) {
 	if x := one(); x.Title != "Build fix" {
 		t.Fatalf("listed after rename: %+v", x)
 	}
-	for _, bad := range []string{`{"title":"two\nlines"}`, `{"title":"` + strings.Repeat("x", 201) + `"}`, `{}`, `{"title":5}`, `{"title":"a\u0007"}`} {
+	for _, bad := range []string{`{"title":"two\nlines"}`, `{"title":"` + strings.Repeat("x", 201) + `"}`, `{}`, `{"title":5}`, `{"title":"a\u0007"}`, `{"title":"invoice\u202egnp.exe"}`, `{"title":"a\u200bb"}`} {
 		if code, body := f.do(t, "PATCH", "/api/conversations/"+c, "tok-ann", bad); code != 400 || !strings.Contains(string(body), `"invalid_request"`) {
 			t.Errorf("PATCH %s: %d %s, want 400", bad, code, body)
 		}
@@ -256,5 +256,8 @@ func TestMeShowsGrantsAndBudget(t *testing.T) {
 	}
 	if code, _ := f.do(t, "GET", "/api/me?tenant=A!", "tok-ann", ""); code != 400 {
 		t.Errorf("bad tenant: %d", code)
+	}
+	if code, body := f.do(t, "GET", "/api/me?tenant=other", "tok-ann", ""); code != 403 || !strings.Contains(string(body), `"forbidden"`) {
+		t.Errorf("a tenant without a grant: %d %s, want 403", code, body)
 	}
 }

@@ -177,8 +177,8 @@ func (db *DB) RenameConversation(ctx context.Context, id, title string) error {
 }
 
 // CleanTitle trims a title a user sent and checks it: valid UTF-8 of at
-// most MaxTitleBytes, one line, no control characters. "" is allowed
-// (back to the first message).
+// most MaxTitleBytes, one line, no control, zero-width or text-direction
+// characters. "" is allowed (back to the first message).
 func CleanTitle(t string) (string, error) {
 	t = strings.TrimSpace(t)
 	switch {
@@ -190,8 +190,17 @@ func CleanTitle(t string) (string, error) {
 		return r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029
 	}):
 		return "", errors.New("title must be one line without control characters")
+	case strings.ContainsFunc(t, invisible):
+		return "", errors.New("title must not hold invisible or text-direction characters (U+200B-U+200F, U+202A-U+202E, U+2060-U+2069, U+FEFF)")
 	}
 	return t, nil
+}
+
+// invisible reports the zero-width and bidirectional-control characters
+// that make a title read other than it is (a right-to-left override turns
+// "gnp.exe" into "exe.png").
+func invisible(r rune) bool {
+	return (r >= 0x200b && r <= 0x200f) || (r >= 0x202a && r <= 0x202e) || (r >= 0x2060 && r <= 0x2069) || r == 0xfeff
 }
 
 func encodeCursor(at int64, id string) string {

@@ -125,6 +125,7 @@ func TestDocumentedErrors(t *testing.T) {
 		{meEP, "no token", 401, browser("", "GET", "/api/me", "", "")},
 		{meEP, "unknown parameter", 400, browser(me, "GET", "/api/me?tenantt=demo", "", "")},
 		{meEP, "malformed tenant", 400, browser(me, "GET", "/api/me?tenant=Not+A+Tenant", "", "")},
+		{meEP, "a tenant without a grant", 403, browser(me, "GET", "/api/me?tenant=elsewhere", "", "")},
 		{list, "no token", 401, browser("", "GET", "/api/conversations", "", "")},
 		{list, "limit out of range", 400, browser(me, "GET", "/api/conversations?limit=1000", "", "")},
 		{list, "a cursor this API did not give", 400, browser(me, "GET", "/api/conversations?cursor=bogus", "", "")},

@@ -256,7 +256,7 @@ TalkIDE is running.
   Model upstream:     %[5]s
   State and logs:     %[6]s
   Metrics token:      %[7]s   (GET /metrics: Authorization: Bearer <token>)
-  Another user:       %[8]s user add NAME   (prints their URL and token)
+  Another user:       %[8]s   (prints their URL and token)
 
 Try it from a shell:
   T=%[2]s

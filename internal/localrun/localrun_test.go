@@ -41,6 +41,10 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	if !strings.Contains(out.String(), "http://"+addr+"/#token="+tok) {
 		t.Errorf("banner lacks the URL to open: %q", out.String())
 	}
+	// The banner's command for a second user is pasted as printed.
+	if add := "TALKIDE_STATE_DIR=" + state + " " + filepath.Join(bin, "talkide") + " user add NAME   (prints"; !strings.Contains(out.String(), add) {
+		t.Errorf("banner's add-user line is not %q: %q", add, out.String())
+	}
 	base := "http://" + addr
 	call := func(method, path, body string) (int, []byte) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
