@@ -16,6 +16,8 @@ test("interrupt a running turn", async () => {
   await interrupt.click();
   await page.getByText("Interrupted", { exact: true }).waitFor({ timeout: TURN_TIMEOUT });
   await interrupt.and(page.locator(":disabled")).waitFor();
+  // The cut call reads "stopped", not "failed".
+  await call.getByText("stopped", { exact: true }).waitFor();
   await shot(page, "interrupted");
 
   await send(page, "please run `echo after-the-interrupt`");

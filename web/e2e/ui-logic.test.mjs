@@ -8,6 +8,7 @@ import { SSEParser } from "../src/lib/sse.js";
 import { contextOnly, fileEdits, lineDiff } from "../src/lib/diff.js";
 import { parseBlocks, parseInline } from "../src/lib/markdown.js";
 import { apply, isBudgetRefusal, newTimeline, pendingPermissions } from "../src/lib/timeline.js";
+import { visible } from "../src/lib/format.js";
 
 test("SSE: events across chunk boundaries, CRLF, comments and multi-line data", () => {
   const got = [];
@@ -105,4 +106,13 @@ test("timeline: a re-raised permission request is one item; budget refusals are 
   assert.equal(isBudgetRefusal({ api_error_status: 429, message: "rate limited" }), false);
   apply(tl, ev(4, "turn_failed", { client_message_id: "m", reason: "api_error", api_error_status: 429, message: "TalkIDE budget exhausted" }));
   assert.equal(tl.items.at(-1).budget, true);
+});
+
+test("visible: direction controls and zero-width characters show, ANSI escapes go", () => {
+  assert.equal(visible("invoice\u202egnp.exe"), "invoice⟨U+202E⟩gnp.exe");
+  assert.equal(visible("a\u200bb\ufeff"), "a⟨U+200B⟩b⟨U+FEFF⟩");
+  assert.equal(visible("\u001b[31mred\u001b[0m and \u001b]0;title\u0007plain"), "red and plain");
+  assert.equal(visible("日本語 — ok"), "日本語 — ok");
+  const md = parseBlocks("look: \u202eevil");
+  assert.ok(JSON.stringify(md).includes("⟨U+202E⟩"), "agent text shows the override");
 });

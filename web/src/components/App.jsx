@@ -49,6 +49,19 @@ export function App() {
     setSignInError(msg || "");
   }, []);
 
+  // A #token= link opened in a tab already showing the UI changes only the
+  // hash (no page load): take the token, drop it from the address, and
+  // start over as that user.
+  useEffect(() => {
+    const onHash = () => {
+      if (!new URLSearchParams(location.hash.slice(1)).get("token")) return;
+      takeTokenFromHash();
+      location.reload();
+    };
+    window.addEventListener("hashchange", onHash);
+    return () => window.removeEventListener("hashchange", onHash);
+  }, []);
+
   useEffect(() => {
     setUnauthorizedHandler(() => signOut("The server did not accept your token (it may have been revoked). Sign in again."));
   }, [signOut]);

@@ -8,9 +8,11 @@ const wantsAutofocus = () => typeof matchMedia === "function" && matchMedia("(po
 export function Composer({ onSend, running, onInterrupt, interrupting, disabled, placeholder, autoFocus = true }) {
   const [text, setText] = useState("");
   const ref = useRef(null);
+  // Focus the box when it appears, and again when it becomes usable (a new
+  // conversation's box is disabled until its tenant-env is known).
   useEffect(() => {
-    if (autoFocus && ref.current && wantsAutofocus()) ref.current.focus();
-  }, []);
+    if (autoFocus && !disabled && ref.current && wantsAutofocus()) ref.current.focus();
+  }, [disabled]);
   const send = () => {
     const t = text;
     if (!t.trim() || disabled) return;

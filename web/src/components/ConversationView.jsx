@@ -48,6 +48,14 @@ export function ConversationView(props) {
   const [actionError, setActionError] = useState("");
   const [editing, setEditing] = useState(false);
   const [confirming, setConfirming] = useState(false);
+  // Cancelling the delete confirmation (Esc or Cancel) puts the focus back
+  // on the button that opened it.
+  const deleteButton = useRef(null);
+  const wasConfirming = useRef(false);
+  useEffect(() => {
+    if (wasConfirming.current && !confirming && deleteButton.current) deleteButton.current.focus();
+    wasConfirming.current = confirming;
+  }, [confirming]);
   const scroller = useRef(null);
   const stick = useRef(true);
   const mountedAt = useRef(Date.now());
@@ -197,7 +205,7 @@ export function ConversationView(props) {
             <Icon name="pencil" />
             <span class="btn-label">Rename</span>
           </button>
-          <button type="button" class="ghost with-icon" onClick={() => setConfirming(true)}>
+          <button type="button" class="ghost with-icon" ref={deleteButton} onClick={() => setConfirming(true)}>
             <Icon name="trash" />
             <span class="btn-label">Delete conversation</span>
           </button>

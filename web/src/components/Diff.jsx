@@ -1,5 +1,6 @@
 import { useState } from "preact/hooks";
 import { contextOnly } from "../lib/diff.js";
+import { visible } from "../lib/format.js";
 
 // Diff shows one file edit: the changed lines with three lines of context,
 // "+" for added and "−" for removed lines (also said in words to screen
@@ -36,7 +37,7 @@ export function Diff({ path, title, lines, label }) {
                 <span class="sr-only">{l.kind === "add" ? "added" : l.kind === "del" ? "removed" : ""}</span>
               </span>
               <span class="txt">
-                {l.text || " "}
+                {visible(l.text) || " "}
               </span>
             </div>
           ),

@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 
 // SignIn asks for the user token when the page was opened without one
-// (links from `talkide run` carry it as #token=…).
+// (the links `make run` and `talkide user add` print carry it as #token=…).
 export function SignIn({ error, onSignIn }) {
   const [value, setValue] = useState("");
   const [busy, setBusy] = useState(false);
@@ -47,7 +47,7 @@ export function SignIn({ error, onSignIn }) {
           {busy ? "Signing in…" : "Sign in"}
         </button>
         <p id="signin-help" class="muted small">
-          <code>talkide run</code> prints the token and a link that signs you in. The token stays in this tab only.
+          <code>make run</code> (or <code>bin/talkide user add NAME</code>) prints the token and a link that signs you in. The token stays in this tab only.
         </p>
       </form>
     </main>

@@ -1,7 +1,7 @@
 import { Component } from "preact";
 import { useState } from "preact/hooks";
 import { fileEdits } from "../lib/diff.js";
-import { duration, oneLine, tokens, usdFromNano, usdString } from "../lib/format.js";
+import { duration, oneLine, tokens, usdFromNano, usdString, visible } from "../lib/format.js";
 import { useNow } from "../lib/hooks.js";
 import { Diff } from "./Diff.jsx";
 import { Markdown } from "./Markdown.jsx";
@@ -123,8 +123,9 @@ function pretty(input) {
 const OUTPUT_LINES = 200;
 const OUTPUT_CHARS = 20000;
 
-function Output({ text, isError, id }) {
+function Output({ text: raw, isError, id }) {
   const [all, setAll] = useState(false);
+  const text = visible(raw);
   const lines = text.split("\n");
   const long = lines.length > OUTPUT_LINES || text.length > OUTPUT_CHARS;
   const shown = all || !long ? text : lines.slice(0, OUTPUT_LINES).join("\n").slice(0, OUTPUT_CHARS);
@@ -167,7 +168,7 @@ function ToolInput({ name, input, dir }) {
             <span class="prompt" aria-hidden="true">
               ${" "}
             </span>
-            {input.command}
+            {visible(input.command)}
           </code>
         </pre>
       </div>
@@ -187,7 +188,7 @@ function ToolInput({ name, input, dir }) {
     <div class="tool-in">
       <div class="section-label">Input</div>
       <pre class="code">
-        <code>{pretty(input)}</code>
+        <code>{visible(pretty(input))}</code>
       </pre>
     </div>
   );
@@ -197,7 +198,15 @@ export function ToolCall({ item, ctx }) {
   const { tool, server } = toolName(item.name);
   const edits = ["Edit", "MultiEdit", "Write"].includes(item.name);
   const agent = item.name === "Agent" || item.name === "Task";
-  const status = item.result ? (item.result.isError ? "error" : "done") : item.stopped ? "stopped" : "running";
+  const status = item.result
+    ? item.result.interrupted
+      ? "stopped"
+      : item.result.isError
+        ? "error"
+        : "done"
+    : item.stopped
+      ? "stopped"
+      : "running";
   const statusText = { error: "failed", done: "done", stopped: "stopped", running: "running" }[status];
   const dir = ctx && ctx.workDir;
   const arg = oneLine(shortInput(item.name, item.input, dir), 90);
@@ -475,7 +484,10 @@ export function TurnFailed({ item, ctx }) {
     return (
       <div class="alert budget" role="alert" data-event-id={item.id}>
         <strong>Budget exhausted</strong>
-        <p>The gateway refused the model call because your monthly budget is used up, so the turn stopped.</p>
+        <p>
+          The gateway refused the model call because what is left of your budget this period cannot cover what the call
+          could cost at most (it holds that much while the call runs), so the turn stopped.
+        </p>
         {b ? (
           <p>
             Your budget now: <strong>{usdString(b.remaining_usd)}</strong> left of {usdString(b.limit_usd)} this period

@@ -28,8 +28,8 @@ export function token() {
 }
 
 // takeTokenFromHash reads "#token=…" from the address, keeps the token and
-// removes it from the address (and the history), as links from `talkide
-// run` carry it there.
+// removes it from the address (and the history), as the links `make run`
+// and `talkide user add` print carry it there.
 export function takeTokenFromHash() {
   const hash = new URLSearchParams(location.hash.slice(1));
   const t = hash.get("token");

@@ -73,3 +73,18 @@ export function oneLine(s, n = 80) {
   const t = String(s ?? "").replace(/\s+/g, " ").trim();
   return t.length > n ? t.slice(0, n - 1) + "…" : t;
 }
+
+// Text-direction controls and zero-width characters show as a visible
+// marker (⟨U+202E⟩), so the agent's text cannot read other than it is: a
+// right-to-left override would make "gnp.exe" read "exe.png".
+const INVISIBLE = /[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+// ANSI escape sequences (colours, cursor moves) of terminal output.
+const ANSI = /\u001b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\u0007\u001b]*(?:\u0007|\u001b\\)|[@-Z\\-_])/g;
+
+// visible(s) is s as this page shows the agent's text: ANSI escapes
+// removed, invisible and direction-changing characters made visible.
+export function visible(s) {
+  return String(s ?? "")
+    .replace(ANSI, "")
+    .replace(INVISIBLE, (c) => "⟨U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "⟩");
+}

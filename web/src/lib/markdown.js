@@ -1,3 +1,5 @@
+import { visible } from "./format.js";
+
 // A light reading of the agent's Markdown into plain data that components
 // render as text nodes: fenced code blocks, headings, lists, paragraphs, and
 // inline code, bold and italics. The agent's text is never HTML to this
@@ -7,7 +9,7 @@
 // level, inlines} | {type: "list", ordered, items: [inlines]} |
 // {type: "p", inlines}].
 export function parseBlocks(text) {
-  const lines = String(text ?? "").replace(/\r\n?/g, "\n").split("\n");
+  const lines = visible(text).replace(/\r\n?/g, "\n").split("\n");
   const blocks = [];
   let para = [];
   let list = null;

@@ -6,6 +6,11 @@ import { SSEParser } from "./sse.js";
 const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 15000];
 // After this many failed attempts in a row the state reads "Offline".
 const OFFLINE_AFTER = 6;
+// The control plane sends a comment every 15 s on an idle stream; nothing
+// at all for this long means the connection is dead without having said
+// so (a network gone quiet, a laptop that slept, a stalled proxy): the
+// attempt is cut and the stream resumes on a new one.
+const STALL_MS = 40000;
 
 // follow(opts) starts following and returns a stop function.
 //   url: the stream path; token(): the bearer token; lastId(): the id of
@@ -36,7 +41,29 @@ export function follow({ url, token, lastId, onEvents, onState }) {
     const headers = { Authorization: "Bearer " + token(), Accept: "text/event-stream" };
     const last = lastId();
     if (last > 0) headers["Last-Event-ID"] = String(last);
-    const r = await fetch(url, { headers, signal: ctl.signal, cache: "no-store" });
+    // One attempt's own signal: cut by stop(), by the browser going
+    // offline, or by the stall watchdog.
+    const attempt = new AbortController();
+    const cut = () => attempt.abort();
+    let stall = 0;
+    const arm = () => {
+      clearTimeout(stall);
+      stall = setTimeout(cut, STALL_MS);
+    };
+    ctl.signal.addEventListener("abort", cut);
+    window.addEventListener("offline", cut);
+    try {
+      arm();
+      await read(url, headers, attempt.signal, arm);
+    } finally {
+      clearTimeout(stall);
+      ctl.signal.removeEventListener("abort", cut);
+      window.removeEventListener("offline", cut);
+    }
+  }
+
+  async function read(url, headers, signal, alive) {
+    const r = await fetch(url, { headers, signal, cache: "no-store" });
     if (!r.ok) {
       const err = new Error("stream: " + r.status);
       err.status = r.status;
@@ -65,6 +92,7 @@ export function follow({ url, token, lastId, onEvents, onState }) {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
+      alive();
       parser.feed(value);
       if (batch.length) {
         const b = batch;

@@ -101,13 +101,16 @@ export function apply(tl, ev) {
     }
     case "tool_result": {
       tl.retry = null;
+      // Claude Code ends a call cut by an interrupt with an error result
+      // saying so: the call was stopped, it did not fail.
+      const interrupted = !!d.is_error && /interrupted by user/i.test(d.content || "");
       const it = tl.tools.get(d.tool_use_id);
       if (it) {
-        it.result = { id: ev.id, content: d.content ?? "", isError: !!d.is_error };
+        it.result = { id: ev.id, content: d.content ?? "", isError: !!d.is_error, interrupted };
         tl.open.delete(it);
         touch(it);
       } else {
-        add(tl, { ...base, kind: "tool", toolUseId: d.tool_use_id, name: "tool", input: null, children: [], result: { id: ev.id, content: d.content ?? "", isError: !!d.is_error } });
+        add(tl, { ...base, kind: "tool", toolUseId: d.tool_use_id, name: "tool", input: null, children: [], result: { id: ev.id, content: d.content ?? "", isError: !!d.is_error, interrupted } });
       }
       break;
     }
