@@ -116,3 +116,18 @@ test("visible: direction controls and zero-width characters show, ANSI escapes g
   const md = parseBlocks("look: \u202eevil");
   assert.ok(JSON.stringify(md).includes("⟨U+202E⟩"), "agent text shows the override");
 });
+
+test("timeline: a call cut by an interrupt is stopped, a denied one failed", () => {
+  const tl = newTimeline();
+  const ev = (id, type, data) => ({ id, type, conversation_id: "c", time: "2026-12-02T10:00:00Z", data });
+  [
+    ev(1, "user_message", { client_message_id: "m1", text: "x" }),
+    ev(2, "turn_started", { client_message_id: "m1" }),
+    ev(3, "tool_use", { tool_use_id: "t1", name: "Bash", input: { command: "sleep 100" } }),
+    ev(4, "tool_result", { tool_use_id: "t1", is_error: true, content: "The user doesn't want to proceed with this tool use. Correction to the text above: this call was stopped while running, not refused before it ran." }),
+    ev(5, "tool_use", { tool_use_id: "t2", name: "Bash", input: { command: "rm x" } }),
+    ev(6, "tool_result", { tool_use_id: "t2", is_error: true, content: "The user doesn't want to proceed with this tool use. The tool use was rejected." }),
+  ].forEach((e) => apply(tl, e));
+  assert.equal(tl.tools.get("t1").result.interrupted, true);
+  assert.equal(tl.tools.get("t2").result.interrupted, false);
+});

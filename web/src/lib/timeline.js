@@ -102,8 +102,9 @@ export function apply(tl, ev) {
     case "tool_result": {
       tl.retry = null;
       // Claude Code ends a call cut by an interrupt with an error result
-      // saying so: the call was stopped, it did not fail.
-      const interrupted = !!d.is_error && /interrupted by user/i.test(d.content || "");
+      // saying so (2.1.332: "… this call was stopped while running …"):
+      // the call was stopped, it did not fail.
+      const interrupted = !!d.is_error && /interrupted by user|was stopped while running/i.test(d.content || "");
       const it = tl.tools.get(d.tool_use_id);
       if (it) {
         it.result = { id: ev.id, content: d.content ?? "", isError: !!d.is_error, interrupted };
