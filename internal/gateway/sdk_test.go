@@ -86,6 +86,53 @@ func TestGatewayWithOfficialGoSDK(t *testing.T) {
 		}
 	})
 
+	t.Run("streaming and count_tokens", func(t *testing.T) {
+		f := newFixture(t)
+		c, _ := sdkClient(f, f.workerToken(t, convID, userID))
+		stream := c.Messages.NewStreaming(t.Context(), sdkParams)
+		var msg sdk.Message
+		events := 0
+		for stream.Next() {
+			events++
+			if err := msg.Accumulate(stream.Current()); err != nil {
+				t.Fatalf("accumulate: %v", err)
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		if events < 3 || len(msg.Content) == 0 || msg.Content[0].Text == "" || msg.Usage.OutputTokens == 0 || msg.StopReason == "" {
+			t.Errorf("streamed message after %d events: %+v", events, msg)
+		}
+		n, err := c.Messages.CountTokens(t.Context(), sdk.MessageCountTokensParams{Model: sdkParams.Model, Messages: sdkParams.Messages})
+		if err != nil || n.InputTokens <= 0 {
+			t.Errorf("CountTokens: %+v, %v", n, err)
+		}
+	})
+
+	t.Run("a refusal names its request id", func(t *testing.T) {
+		f := newFixture(t)
+		if err := f.budget.SetUserLimit(t.Context(), userID, 1000); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := sdkClient(f, f.workerToken(t, convID, userID))
+		_, err := c.Messages.New(t.Context(), sdkParams)
+		var e *sdk.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Messages.New: %v", err)
+		}
+		var env struct {
+			RequestID string `json:"request_id"`
+		}
+		json.Unmarshal([]byte(e.RawJSON()), &env)
+		// The SDK reads the request-id header; the body and the message's
+		// end carry the same id (behind the control plane it is also its
+		// X-Request-Id: internal/e2e/requestid_test.go).
+		if e.RequestID == "" || env.RequestID != e.RequestID || !strings.HasSuffix(e.Message, "(request "+e.RequestID+")") {
+			t.Errorf("SDK request id %q, body %q, message %q: want one id everywhere", e.RequestID, env.RequestID, e.Message)
+		}
+	})
+
 	t.Run("budget 429 is not retried", func(t *testing.T) {
 		f := newFixture(t)
 		if err := f.budget.SetUserLimit(t.Context(), userID, 1000); err != nil {
