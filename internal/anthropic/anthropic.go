@@ -1,6 +1,6 @@
 // Package anthropic holds the pieces of the Anthropic Messages API wire format
-// that the platform's proxies need: the error envelope (Anthropic API errors
-// documentation), usage accounting over a Messages stream or answer
+// that the platform's proxies need: the error envelope and its types
+// (Anthropic API errors documentation; httpapi.AnthropicBody writes it), usage accounting over a Messages stream or answer
 // (StreamMeter, ParseMessageUsage: message_start / message_delta usage, set
 // not added, error events, an estimate of delivered output) and the fast scan
 // of a request's model and max_tokens (ScanRequestHead).
@@ -8,11 +8,6 @@
 // It is not a client SDK and does not model requests beyond what budgeting
 // needs. The development upstream has its own, fuller model of requests.
 package anthropic
-
-import (
-	"encoding/json"
-	"net/http"
-)
 
 // Error types of the Anthropic error envelope.
 const (
@@ -43,20 +38,4 @@ type ErrorDetail struct {
 	Type    string         `json:"type"`
 	Message string         `json:"message"`
 	Details map[string]any `json:"details,omitempty"`
-}
-
-// WriteError writes an Anthropic error envelope with status. requestID, when
-// set, is sent as the request-id header and in the body.
-func WriteError(w http.ResponseWriter, status int, typ, msg, requestID string, details map[string]any) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	if requestID != "" {
-		h.Set("request-id", requestID)
-	}
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(ErrorEnvelope{
-		Type:      "error",
-		Error:     ErrorDetail{Type: typ, Message: msg, Details: details},
-		RequestID: requestID,
-	})
 }

@@ -1,9 +1,6 @@
 package anthropic
 
 import (
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -64,15 +61,6 @@ func TestParseMessageUsage(t *testing.T) {
 	u, ok = ParseMessageUsage([]byte(`{"type":"error","error":{"type":"rate_limit_error","message":"x"}}`))
 	if !ok || u.ErrorType != "rate_limit_error" {
 		t.Errorf("error: got %+v, %v", u, ok)
-	}
-}
-
-func TestWriteError(t *testing.T) {
-	rec := httptest.NewRecorder()
-	WriteError(rec, http.StatusTooManyRequests, ErrRateLimit, "budget exhausted", "req_1", map[string]any{"error_code": "budget_exceeded"})
-	want := `{"type":"error","error":{"type":"rate_limit_error","message":"budget exhausted","details":{"error_code":"budget_exceeded"}},"request_id":"req_1"}`
-	if got := strings.TrimSpace(rec.Body.String()); got != want || rec.Code != 429 || rec.Header().Get("request-id") != "req_1" {
-		t.Errorf("got %d %q, want 429 %q", rec.Code, got, want)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )
@@ -37,10 +38,10 @@ func (g *gatewayCalls) wrap(h http.Handler) http.Handler {
 			r.Header.Set(contract.HeaderWorkerToken, g.badToken)
 		}
 		g.mu.Unlock()
-		rec := &platformtest.StatusRecorder{ResponseWriter: w}
+		rec := httpapi.NewStatusRecorder(w)
 		h.ServeHTTP(rec, r)
 		g.mu.Lock()
-		g.statuses = append(g.statuses, rec.Status)
+		g.statuses = append(g.statuses, rec.Status())
 		g.mu.Unlock()
 	})
 }

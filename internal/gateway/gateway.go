@@ -146,6 +146,10 @@ type Handler struct {
 	rp       *httputil.ReverseProxy
 	log      *slog.Logger
 	m        *Metrics
+	// errs is the gateway's one error path (Anthropic's envelope).
+	errs httpapi.Translator
+	// serve is serveCall behind errs' panic recovery.
+	serve http.Handler
 	// settles tracks the background debits; Close waits for them.
 	settles sync.WaitGroup
 	// mu guards closed: once Close began, debits run on the caller's
@@ -183,6 +187,8 @@ func New(cfg Config) *Handler {
 	}
 	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger, m: cfg.Metrics}
 	h.stopping, h.stop = context.WithCancel(context.Background())
+	h.errs = httpapi.Translator{Log: httpapi.WithRequestIDs(cfg.Logger), Body: httpapi.AnthropicBody}
+	h.serve = h.errs.Recover(http.HandlerFunc(h.serveCall))
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		Transport:      ticketTransport{next: cfg.Transport},
@@ -274,30 +280,38 @@ type ctxKey struct{}
 
 func gatewayRequestID() string { return "req_gw_" + token.NewID()[:20] }
 
-// refusal is a call the gateway answers itself.
+// refusal is a call the gateway answers itself: the answer, and the
+// label of the denials metric it counts under.
 type refusal struct {
-	status  int
-	typ     string
-	msg     string
-	reason  string // the denials metric label
-	header  map[string]string
-	details map[string]any
+	reason string
+	err    *httpapi.Error
 }
 
-// ServeHTTP handles one call.
+// refused returns the refusal with metric label reason, status, Anthropic
+// error type typ and client message msg.
+func refused(reason string, status int, typ, msg string) *refusal {
+	return &refusal{reason: reason, err: &httpapi.Error{Status: status, Type: typ, Msg: msg}}
+}
+
+// ServeHTTP handles one call. Its own answers (refusals, an upstream that
+// failed, a panic) are Anthropic error envelopes naming the call's request
+// id: the caller's (the worker's local proxy sends its own, kept by the
+// control plane's request-id middleware), or a gateway id for a call that
+// came without one.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	// The caller's id (the worker's local proxy sends its own, kept by
-	// the control plane's request-id middleware) names the call in both
-	// processes' logs; a call that came without one gets a gateway id.
-	reqID := httpapi.RequestID(r.Context())
-	if reqID == "" {
-		reqID = gatewayRequestID()
+	if httpapi.RequestID(r.Context()) == "" {
+		r = r.WithContext(httpapi.WithRequestID(r.Context(), gatewayRequestID()))
 	}
+	h.serve.ServeHTTP(w, r)
+}
+
+func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	reqID := httpapi.RequestID(r.Context())
 	apiPath := strings.TrimPrefix(r.URL.Path, contract.PathGatewayPrefix)
 	c, ref := h.admit(w, r, apiPath, reqID, start)
 	if ref != nil {
-		h.refuse(w, r, apiPath, reqID, ref)
+		h.refuse(w, r, apiPath, ref)
 		return
 	}
 	if c == nil {
@@ -314,20 +328,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
 }
 
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID string, f *refusal) {
-	h.log.Info("gateway refused call", "status", f.status, "type", f.typ, "reason", f.reason, "path", r.URL.Path, "request_id", reqID)
-	for k, v := range f.header {
-		w.Header().Set(k, v)
-	}
+// refuse counts f and answers it through the gateway's error path: one
+// log line with f's reason and cause, and Anthropic's error envelope
+// (httpapi.AnthropicBody).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath string, f *refusal) {
 	if !contract.GatewayForwards(apiPath) {
 		apiPath = "other"
 	}
 	h.m.deny(f.reason)
-	h.m.request(apiPath, f.status)
-	// The id ends the message too: Claude Code shows only the message (in
-	// its "API Error: …" text, which becomes the browser's turn_failed), and
-	// the id is what finds the call in the worker's and this log.
-	anthropic.WriteError(w, f.status, f.typ, f.msg+" (request "+reqID+")", reqID, f.details)
+	h.m.request(apiPath, f.err.Status)
+	t := h.errs
+	t.Log = t.Log.With("reason", f.reason)
+	t.LogMsg = "gateway refused call"
+	t.Write(w, r, f.err)
 }
 
 // admit checks the call and reserves its budget. It returns the call to
@@ -335,20 +348,20 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath, reqID 
 // On success r's body is replaced by the bytes read.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID string, start time.Time) (*call, *refusal) {
 	if !contract.GatewayForwards(apiPath) {
-		return nil, &refusal{status: http.StatusNotFound, typ: anthropic.ErrNotFound, reason: "not_found",
-			msg: "the gateway forwards only /v1/messages and /v1/messages/count_tokens"}
+		return nil, refused("not_found", http.StatusNotFound, anthropic.ErrNotFound,
+			"the gateway forwards only /v1/messages and /v1/messages/count_tokens")
 	}
 	if r.Method != http.MethodPost {
-		return nil, &refusal{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, reason: "method", msg: "method not allowed"}
+		return nil, refused("method", http.StatusMethodNotAllowed, anthropic.ErrInvalidRequest, "method not allowed")
 	}
 	raw := r.Header.Get(contract.HeaderWorkerToken)
 	if raw == "" {
-		return nil, &refusal{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, reason: "auth", msg: "missing X-Worker-Token"}
+		return nil, refused("auth", http.StatusUnauthorized, anthropic.ErrAuthentication, "missing X-Worker-Token")
 	}
 	claims, err := h.verifier.Verify(raw)
 	if err != nil {
-		h.log.Warn("gateway refused worker token", "token", token.Fingerprint(raw), "request_id", reqID, "err", err)
-		ref := &refusal{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, reason: "auth", msg: "invalid or expired worker token"}
+		ref := refused("auth", http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid or expired worker token")
+		ref.err.Err = fmt.Errorf("worker token %s: %w", token.Fingerprint(raw), err)
 		if errors.Is(err, token.ErrExpired) || errors.Is(err, token.ErrNotYetValid) {
 			// Sending the same request again sends the same token: an
 			// Anthropic SDK talking to the gateway directly must not
@@ -356,17 +369,17 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 			// details.error_code tells it (docs/direct-sdk.md). The
 			// worker's local proxy mints per request, so it turns this
 			// answer into a retry for the CLI (localproxy.retryExpired).
-			ref.msg = MsgTokenExpired
+			ref.err.Msg = MsgTokenExpired
 			ref.reason = "auth_expired"
-			ref.header = map[string]string{"x-should-retry": "false"}
-			ref.details = map[string]any{"error_code": contract.ErrCodeTokenExpired}
+			ref.err.Header = http.Header{"X-Should-Retry": {"false"}}
+			ref.err.Details = map[string]any{"error_code": contract.ErrCodeTokenExpired}
 		}
 		return nil, ref
 	}
 	if claims.Conversation == "" || claims.User == "" {
-		return nil, &refusal{status: http.StatusForbidden, typ: anthropic.ErrPermission, reason: "forbidden", msg: "worker token not scoped to a conversation"}
+		return nil, refused("forbidden", http.StatusForbidden, anthropic.ErrPermission, "worker token not scoped to a conversation")
 	}
-	tooLarge := &refusal{status: http.StatusRequestEntityTooLarge, typ: anthropic.ErrTooLarge, reason: "too_large", msg: "request body over 32 MB"}
+	tooLarge := refused("too_large", http.StatusRequestEntityTooLarge, anthropic.ErrTooLarge, "request body over 32 MB")
 	if r.ContentLength > MaxRequestBytes {
 		return nil, tooLarge
 	}
@@ -381,8 +394,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		}
 		// The cause (a cut connection, a broken chunked body) is for the log;
 		// the client gets a message that names no internals.
-		h.log.InfoContext(r.Context(), "gateway could not read the request body", "request_id", reqID, "err", err)
-		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "the request body could not be read"}
+		ref := refused("bad_request", http.StatusBadRequest, anthropic.ErrInvalidRequest, "the request body could not be read")
+		ref.err.Err = err
+		return nil, ref
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
@@ -392,23 +406,23 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 	}
 	head, err := anthropic.ScanRequestHead(body)
 	if err != nil {
-		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: "request body: " + strings.TrimPrefix(err.Error(), anthropic.ErrMalformedRequest.Error()+": ")}
+		return nil, refused("bad_request", http.StatusBadRequest, anthropic.ErrInvalidRequest, "request body: "+strings.TrimPrefix(err.Error(), anthropic.ErrMalformedRequest.Error()+": "))
 	}
 	if head.MaxTokens < 1 || head.MaxTokens > MaxOutputTokens {
-		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "bad_request", msg: fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens)}
+		return nil, refused("bad_request", http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens))
 	}
 	price, known := h.cfg.Prices.PriceFor(head.Model, start)
 	if !known && h.cfg.Prices.Unknown == budget.UnknownDeny {
-		return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "unknown_model",
-			msg: fmt.Sprintf("model %q has no price in this TalkIDE gateway, so it cannot be budgeted; use a listed model or ask your administrator to add it", head.Model)}
+		return nil, refused("unknown_model", http.StatusBadRequest, anthropic.ErrInvalidRequest,
+			fmt.Sprintf("model %q has no price in this TalkIDE gateway, so it cannot be budgeted; use a listed model or ask your administrator to add it", head.Model))
 	}
 	var tools budget.ToolBound
 	if len(head.ServerTools) > 0 || head.MCPServers > 0 {
 		var toolsKnown bool
 		tools, toolsKnown = h.cfg.Prices.ServerTools(head.ServerTools, head.MCPServers)
 		if !toolsKnown && h.cfg.Prices.Unknown == budget.UnknownDeny {
-			return nil, &refusal{status: http.StatusBadRequest, typ: anthropic.ErrInvalidRequest, reason: "unknown_tool",
-				msg: "a server tool of this request has no price in this TalkIDE gateway, so it cannot be budgeted; ask your administrator to add it"}
+			return nil, refused("unknown_tool", http.StatusBadRequest, anthropic.ErrInvalidRequest,
+				"a server tool of this request has no price in this TalkIDE gateway, so it cannot be budgeted; ask your administrator to add it")
 		}
 	}
 	c.model = head.Model
@@ -453,39 +467,42 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		if r.Context().Err() != nil {
 			return nil, nil
 		}
-		return nil, h.budgetRefusal(err, claims, reqID)
+		return nil, h.budgetRefusal(err, claims)
 	}
 	c.res = res
 	return c, nil
 }
 
 // budgetRefusal is the answer to a pre-call check that failed with err.
-func (h *Handler) budgetRefusal(err error, claims *token.Claims, reqID string) *refusal {
+func (h *Handler) budgetRefusal(err error, claims *token.Claims) *refusal {
 	var deny *budget.DenyError
 	var fair *budget.FairUseError
 	switch {
 	case errors.As(err, &deny):
-		h.log.Info("budget denied call", "tenant", claims.Tenant, "env", claims.Env, "conversation", claims.Conversation, "user", claims.User,
-			"request_id", reqID, "limit_nano_usd", deny.Limit, "committed_nano_usd", deny.Committed, "needed_nano_usd", deny.Needed)
 		// Not retryable now (x-should-retry: false, which Anthropic's SDKs
 		// obey over the status), but retry-after says when the period
 		// resets, so a client need not read details to tell it from a
 		// transient rate limit (docs/gateway-money.md, "Refusals").
-		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "budget",
-			msg: fmt.Sprintf(MsgBudgetExhausted+" your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. It resets at %s; ask your administrator to raise the limit.",
-				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed), deny.Resets.UTC().Format(time.RFC3339)),
-			header: map[string]string{"x-should-retry": "false", "retry-after": strconv.FormatInt(secondsUntil(deny.Resets), 10)},
-			details: map[string]any{"error_code": contract.ErrCodeBudgetExceeded, "period": deny.Period,
-				"resets_at": deny.Resets.UTC().Format(time.RFC3339)}}
+		ref := refused("budget", http.StatusTooManyRequests, anthropic.ErrRateLimit,
+			fmt.Sprintf(MsgBudgetExhausted+" your spending limit for %s is $%s, $%s of it is used or held by calls in progress, and this call could cost up to $%s. It resets at %s; ask your administrator to raise the limit.",
+				deny.Period, budget.FormatUSD(deny.Limit), budget.FormatUSD(deny.Committed), budget.FormatUSD(deny.Needed), deny.Resets.UTC().Format(time.RFC3339)))
+		ref.err.Err = fmt.Errorf("tenant %s env %s conversation %s: %w", claims.Tenant, claims.Env, claims.Conversation, err)
+		ref.err.Header = http.Header{"X-Should-Retry": {"false"}, "Retry-After": {strconv.FormatInt(secondsUntil(deny.Resets), 10)}}
+		ref.err.Details = map[string]any{"error_code": contract.ErrCodeBudgetExceeded, "period": deny.Period,
+			"resets_at": deny.Resets.UTC().Format(time.RFC3339)}
+		return ref
 	case errors.As(err, &fair):
 		secs := int64((fair.RetryAfter + time.Second - 1) / time.Second)
-		return &refusal{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit, reason: "fair_use_" + fair.Limit,
-			msg:     fmt.Sprintf("TalkIDE fair-use limit: too many %s in a short time; try again in %d s.", fair.Limit, secs),
-			header:  map[string]string{"retry-after": strconv.FormatInt(secs, 10)},
-			details: map[string]any{"error_code": contract.ErrCodeFairUse, "limit": fair.Limit}}
+		ref := refused("fair_use_"+fair.Limit, http.StatusTooManyRequests, anthropic.ErrRateLimit,
+			fmt.Sprintf("TalkIDE fair-use limit: too many %s in a short time; try again in %d s.", fair.Limit, secs))
+		ref.err.Err = err
+		ref.err.Header = http.Header{"Retry-After": {strconv.FormatInt(secs, 10)}}
+		ref.err.Details = map[string]any{"error_code": contract.ErrCodeFairUse, "limit": fair.Limit}
+		return ref
 	}
-	h.log.Error("budget check failed", "user", claims.User, "request_id", reqID, "err", err)
-	return &refusal{status: http.StatusServiceUnavailable, typ: anthropic.ErrAPI, reason: "budget_error", msg: "budget service unavailable"}
+	ref := refused("budget_error", http.StatusServiceUnavailable, anthropic.ErrAPI, "budget service unavailable")
+	ref.err.Err = fmt.Errorf("user %s: %w", claims.User, err)
+	return ref
 }
 
 // secondsUntil is the whole seconds from now until t, rounded up, at least 1.
@@ -629,7 +646,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.As(err, &late) {
 		// Refused after it was forwarded: the upstream call was cancelled
 		// before any of its answer reached the client.
-		h.refuse(w, r, c.apiPath, c.requestID, h.budgetRefusal(late.err, c.claims, c.requestID))
+		h.refuse(w, r, c.apiPath, h.budgetRefusal(late.err, c.claims))
 		return
 	}
 	if c != nil && c.ticket != nil {
@@ -654,7 +671,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		h.m.request(path, httpapi.StatusClientClosed)
 		return
 	}
-	h.upstreamFailed(w, path, reqID, err)
+	h.upstreamFailed(w, r, path, err)
 }
 
 // ticketTransport reaches the upstream for a call whose reservation may

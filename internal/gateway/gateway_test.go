@@ -23,6 +23,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -650,6 +651,42 @@ func TestGatewayUpstreamUnreachableIs502AndReleases(t *testing.T) {
 	ledger := f.waitSettled(t, userID, 1)
 	if len(ledger) != 2 || ledger[1].Amount != 0 {
 		t.Errorf("ledger: got %+v, want a reserve and a debit of 0", ledger)
+	}
+}
+
+// panickingBudget fails every pre-call check with a panic.
+type panickingBudget struct{ gateway.Budget }
+
+func (panickingBudget) PreCallCheckAsync(context.Context, budget.Call) *budget.Ticket {
+	panic("budget store: open /var/lib/talkide/db: permission denied")
+}
+
+// TestGatewayPanicIsAnthropicEnvelope: a panic in a gateway route answers
+// in the gateway's family's shape (Anthropic's envelope, which SDKs and the
+// CLI parse), not the platform's JSON, names no internals and is logged
+// once with its cause.
+func TestGatewayPanicIsAnthropicEnvelope(t *testing.T) {
+	f := newFixture(t)
+	logs := &platformtest.LogBuffer{}
+	up, _ := url.Parse("http://127.0.0.1:1")
+	gw := httptest.NewServer(gateway.New(gateway.Config{
+		Upstream: up, APIKey: upstreamKey, Budget: panickingBudget{f.budget},
+		Keys:   []token.Key{f.master.Derive(token.PurposeGateway, "", "")},
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+	}))
+	t.Cleanup(gw.Close)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, gw.URL+contract.PathGatewayPrefix+"/v1/messages", strings.NewReader(messagesBody(false, 1024)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(contract.HeaderWorkerToken, f.workerToken(t, convID, userID))
+	got := do(t, req)
+	env := checkEnvelope(t, got, http.StatusInternalServerError, anthropic.ErrAPI)
+	if strings.Contains(string(got.body), "permission denied") {
+		t.Errorf("the panic's text reached the client: %s", got.body)
+	}
+	if n := strings.Count(logs.String(), "permission denied"); n != 1 || !strings.Contains(logs.String(), env.RequestID) {
+		t.Errorf("log: the panic is logged %d times (want once, with request id %s):\n%s", n, env.RequestID, logs.String())
 	}
 }
 

@@ -295,6 +295,11 @@ func checkEnvelope(t testing.TB, r result, status int, typ string) anthropic.Err
 	if env.RequestID == "" || env.RequestID != r.header.Get("request-id") {
 		t.Errorf("request_id: got %q in body, %q in header; want the same, non-empty", env.RequestID, r.header.Get("request-id"))
 	}
+	// Claude Code shows only the message: every refusal of the gateway's
+	// (its own, an upstream it cannot reach, a panic) ends with the id.
+	if !strings.HasSuffix(env.Error.Message, " (request "+env.RequestID+")") {
+		t.Errorf("message %q does not end with the request id %q", env.Error.Message, env.RequestID)
+	}
 	return env
 }
 

@@ -146,16 +146,18 @@ func (h *Handler) CheckUpstream(ctx context.Context) error {
 // never reached the upstream also gets x-should-retry: false, so the
 // agent's turn ends at once with that reason instead of retrying for
 // minutes against an upstream that cannot be reached.
-func (h *Handler) upstreamFailed(w http.ResponseWriter, path, reqID string, err error) {
+func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path string, err error) {
 	ue := describeUpstreamError(h.cfg.Upstream, err)
-	status, typ := http.StatusBadGateway, anthropic.ErrAPI
+	e := &httpapi.Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Err: ue,
+		Msg: "TalkIDE gateway: " + ue.Error() + ". Ask the platform's administrator to check the control plane's model upstream (TALKIDE_UPSTREAM_URL) and its network."}
 	if ue.Timeout {
-		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
+		e.Status, e.Type = http.StatusGatewayTimeout, anthropic.ErrTimeout
 	}
 	if ue.Unreachable {
-		w.Header().Set("x-should-retry", "false")
+		e.Header = http.Header{"X-Should-Retry": {"false"}}
 	}
-	h.log.Error("gateway upstream failed", "status", status, "request_id", reqID, "upstream", ue.Upstream, "cause", ue.Cause, "err", err)
-	h.m.request(path, status)
-	anthropic.WriteError(w, status, typ, "TalkIDE gateway: "+ue.Error()+". Ask the platform's administrator to check the control plane's model upstream (TALKIDE_UPSTREAM_URL) and its network.", reqID, nil)
+	h.m.request(path, e.Status)
+	t := h.errs
+	t.LogMsg = "gateway upstream failed"
+	t.Write(w, r, e)
 }

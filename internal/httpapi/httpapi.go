@@ -23,14 +23,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/contract"
 )
 
-// Error is an error with the HTTP status and the message a client may see.
-// Err, the cause, is logged but never sent.
+// Error is the one error type of every TalkIDE HTTP API: the status, the
+// message a client may see, and the cause, which is logged but never sent.
+// A Translator turns it into one log line and one answer in its API
+// family's shape (PlatformBody, AnthropicBody).
 type Error struct {
 	Status int
-	// Type is one of the contract.ErrType* values.
+	// Type is the family's error type: a contract.ErrType* value, or on an
+	// Anthropic-family route an anthropic.Err* value. AnthropicBody maps a
+	// platform type (e.g. from ReadBody, or a panic) by Status.
 	Type string
 	// Msg is safe to show to the client.
 	Msg string
@@ -38,6 +43,10 @@ type Error struct {
 	Err error
 	// Header holds extra response headers (e.g. Retry-After).
 	Header http.Header
+	// Details is machine-readable data for the client, e.g.
+	// {"error_code":"budget_exceeded"}. AnthropicBody sends it as
+	// error.details; PlatformBody does not send it.
+	Details map[string]any
 }
 
 func (e *Error) Error() string {
@@ -84,23 +93,51 @@ const StatusClientClosed = 499
 // one. A nil error means the handler wrote its answer.
 type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
 
-// Handle adapts h to an http.Handler that writes errors with WriteError.
-func Handle(log *slog.Logger, h HandlerFunc) http.Handler {
+// ErrorBody writes e as an answer in one API family's wire shape: its
+// status, e.Header and a body naming the request id r's context carries.
+// PlatformBody and AnthropicBody are the two families.
+type ErrorBody func(w http.ResponseWriter, r *http.Request, e *Error)
+
+// Translator is an API family's one error path: it logs an error once
+// (the cause included) and answers it with Body, so every route of the
+// family (its handlers, its panics, its unknown paths) answers in one
+// shape. The zero Translator is unusable; Log is required.
+type Translator struct {
+	// Log gets one line per error: at error level for a 5xx, else info.
+	Log *slog.Logger
+	// Body writes the answer; nil means PlatformBody.
+	Body ErrorBody
+	// LogMsg is the log line's message; "" means "request failed".
+	LogMsg string
+}
+
+// Platform returns the Translator of the platform's own JSON APIs.
+func Platform(log *slog.Logger) Translator { return Translator{Log: log} }
+
+func (t Translator) body() ErrorBody {
+	if t.Body == nil {
+		return PlatformBody
+	}
+	return t.Body
+}
+
+// Handle adapts h to an http.Handler whose errors go through t.Write.
+func (t Translator) Handle(h HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			WriteError(log, w, r, err)
+			t.Write(w, r, err)
 		}
 	})
 }
 
-// WriteError logs err once and answers with its status and a
-// contract.ErrorBody. Errors that are not *Error become 500 with a generic
-// message; a cancelled request context is logged as 499 and not answered.
-func WriteError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
+// Write logs err once and answers it. An err that is not an *Error becomes
+// a 500 "internal error" (its text only in the log); a cancelled request
+// context is logged as 499 and not answered.
+func (t Translator) Write(w http.ResponseWriter, r *http.Request, err error) {
 	var he *Error
 	if !errors.As(err, &he) {
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
-			log.Info("client closed request", "method", r.Method, "path", r.URL.Path, "status", StatusClientClosed)
+			t.Log.InfoContext(r.Context(), "client closed request", "method", r.Method, "path", r.URL.Path, "status", StatusClientClosed)
 			return
 		}
 		he = Wrap(http.StatusInternalServerError, contract.ErrTypeInternal, "internal error", err)
@@ -109,13 +146,102 @@ func WriteError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err er
 	if he.Status >= 500 {
 		level = slog.LevelError
 	}
-	log.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path, "status", he.Status, "type", he.Type, "err", err)
-	for k, vs := range he.Header {
+	msg := t.LogMsg
+	if msg == "" {
+		msg = "request failed"
+	}
+	t.Log.Log(r.Context(), level, msg, "method", r.Method, "path", r.URL.Path, "status", he.Status, "type", he.Type, "err", err)
+	t.body()(w, r, he)
+}
+
+// Handle adapts h to an http.Handler that writes errors with WriteError.
+func Handle(log *slog.Logger, h HandlerFunc) http.Handler { return Platform(log).Handle(h) }
+
+// WriteError is Platform(log).Write: it logs err once and answers with its
+// status and a contract.ErrorBody.
+func WriteError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
+	Platform(log).Write(w, r, err)
+}
+
+func setHeaders(w http.ResponseWriter, e *Error) {
+	for k, vs := range e.Header {
 		for _, v := range vs {
 			w.Header().Add(k, v)
 		}
 	}
-	WriteJSON(w, he.Status, contract.ErrorBody{Error: contract.ErrorDetail{Type: he.Type, Message: he.Msg, RequestID: RequestID(r.Context())}})
+}
+
+// PlatformBody is the ErrorBody of the platform's JSON APIs (browser,
+// worker, mint, reports): contract.ErrorBody,
+//
+//	{"error":{"type":"not_found","message":"...","request_id":"req_..."}}
+//
+// e.Details is not sent.
+func PlatformBody(w http.ResponseWriter, r *http.Request, e *Error) {
+	setHeaders(w, e)
+	WriteJSON(w, e.Status, contract.ErrorBody{Error: contract.ErrorDetail{Type: e.Type, Message: e.Msg, RequestID: RequestID(r.Context())}})
+}
+
+// AnthropicBody is the ErrorBody of the Anthropic-family routes (the
+// gateway-proxy, the worker's local proxy): Anthropic's error envelope,
+//
+//	{"type":"error","error":{"type":"rate_limit_error","message":"... (request req_...)","details":{...}},"request_id":"req_..."}
+//
+// with the id also in the request-id header. The id ends the message too:
+// Claude Code shows only the message (its "API Error: …" text, which
+// becomes the browser's turn_failed), and the id is what finds the call in
+// the worker's and the control plane's logs. A platform error type is
+// mapped to Anthropic's by e.Status (AnthropicType).
+func AnthropicBody(w http.ResponseWriter, r *http.Request, e *Error) {
+	setHeaders(w, e)
+	id := RequestID(r.Context())
+	msg := e.Msg
+	if id != "" {
+		w.Header().Set("request-id", id)
+		if !strings.Contains(msg, id) {
+			msg += " (request " + id + ")"
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(anthropic.ErrorEnvelope{
+		Type:      "error",
+		Error:     anthropic.ErrorDetail{Type: AnthropicType(e.Status, e.Type), Message: msg, Details: e.Details},
+		RequestID: id,
+	})
+}
+
+// AnthropicType is typ when it is one of Anthropic's error types, else the
+// type Anthropic uses for status (invalid_request_error for other 4xx,
+// api_error for other 5xx).
+func AnthropicType(status int, typ string) string {
+	switch typ {
+	case anthropic.ErrInvalidRequest, anthropic.ErrAuthentication, anthropic.ErrBilling, anthropic.ErrPermission, anthropic.ErrNotFound,
+		anthropic.ErrTooLarge, anthropic.ErrRateLimit, anthropic.ErrAPI, anthropic.ErrTimeout, anthropic.ErrOverloaded:
+		return typ
+	}
+	switch status {
+	case http.StatusUnauthorized:
+		return anthropic.ErrAuthentication
+	case http.StatusPaymentRequired:
+		return anthropic.ErrBilling
+	case http.StatusForbidden:
+		return anthropic.ErrPermission
+	case http.StatusNotFound:
+		return anthropic.ErrNotFound
+	case http.StatusRequestEntityTooLarge:
+		return anthropic.ErrTooLarge
+	case http.StatusTooManyRequests:
+		return anthropic.ErrRateLimit
+	case http.StatusGatewayTimeout:
+		return anthropic.ErrTimeout
+	case 529:
+		return anthropic.ErrOverloaded
+	}
+	if status >= 500 {
+		return anthropic.ErrAPI
+	}
+	return anthropic.ErrInvalidRequest
 }
 
 // WriteJSON writes v as JSON with status.
@@ -230,10 +356,16 @@ func JoinURL(base *url.URL, elem ...string) *url.URL {
 // level for a successful GET, else at info (with the request id, when the
 // logger is WithRequestIDs').
 func Routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
-	return logRequests(log, recoverPanics(log, routes(mux, log)))
+	return Platform(log).Routes(mux)
 }
 
-func routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
+// Routes is the package's Routes with t's error path: unknown paths, wrong
+// methods and panics answer in t's family's shape.
+func (t Translator) Routes(mux *http.ServeMux) http.Handler {
+	return logRequests(t.Log, t.Recover(t.routes(mux)))
+}
+
+func (t Translator) routes(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
@@ -246,7 +378,7 @@ func routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
 		h.ServeHTTP(probe, r)
 		if probe.status == http.StatusMethodNotAllowed {
 			w.Header().Set("Allow", probe.header.Get("Allow"))
-			WriteError(log, w, r, Errorf(http.StatusMethodNotAllowed, contract.ErrTypeMethod, "method %s not allowed on %s", r.Method, r.URL.Path))
+			t.Write(w, r, Errorf(http.StatusMethodNotAllowed, contract.ErrTypeMethod, "method %s not allowed on %s", r.Method, r.URL.Path))
 			return
 		}
 		if probe.status >= 300 && probe.status < 400 {
@@ -257,7 +389,7 @@ func routes(mux *http.ServeMux, log *slog.Logger) http.Handler {
 			w.WriteHeader(probe.status)
 			return
 		}
-		WriteError(log, w, r, NotFound("no such endpoint: %s %s", r.Method, r.URL.Path))
+		t.Write(w, r, NotFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 }
 

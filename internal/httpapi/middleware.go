@@ -13,53 +13,60 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 )
 
-// recordingWriter remembers the status a handler answered. It passes
-// Flush, Hijack and Unwrap through (SSE streams and proxies need them).
-type recordingWriter struct {
+// StatusRecorder remembers the status a handler answered (0 until it
+// wrote; 200 for a body or flush without WriteHeader). It passes Flush,
+// Hijack and Unwrap through (SSE streams and proxies need them).
+type StatusRecorder struct {
 	http.ResponseWriter
 	status int
 }
 
-func (w *recordingWriter) WriteHeader(code int) {
+// Status is the status written so far, 0 when nothing was.
+func (w *StatusRecorder) Status() int { return w.status }
+
+// NewStatusRecorder returns w itself when it is a *StatusRecorder, else a
+// new one around it.
+func NewStatusRecorder(w http.ResponseWriter) *StatusRecorder {
+	if rw, ok := w.(*StatusRecorder); ok {
+		return rw
+	}
+	return &StatusRecorder{ResponseWriter: w}
+}
+
+func (w *StatusRecorder) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *recordingWriter) Write(b []byte) (int, error) {
+func (w *StatusRecorder) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
 	return w.ResponseWriter.Write(b)
 }
 
-func (w *recordingWriter) Flush() {
+func (w *StatusRecorder) Flush() {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
 	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
 
-func (w *recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *StatusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
-func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *StatusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-func recorder(w http.ResponseWriter) *recordingWriter {
-	if rw, ok := w.(*recordingWriter); ok {
-		return rw
-	}
-	return &recordingWriter{ResponseWriter: w}
-}
-
-// recoverPanics answers a handler's panic with a 500 (unless the answer
-// had begun: then the connection is cut, as net/http does) and logs it once
-// with its stack. http.ErrAbortHandler passes through untouched.
-func recoverPanics(log *slog.Logger, h http.Handler) http.Handler {
+// Recover answers a panic of h with a 500 internal error in t's family's
+// shape (unless the answer had begun: then the connection is cut, as
+// net/http does) and logs it once, with its stack. http.ErrAbortHandler
+// passes through untouched.
+func (t Translator) Recover(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rw := recorder(w)
+		rw := NewStatusRecorder(w)
 		defer func() {
 			v := recover()
 			if v == nil {
@@ -68,12 +75,11 @@ func recoverPanics(log *slog.Logger, h http.Handler) http.Handler {
 			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
 				panic(v)
 			}
-			log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			t.Log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			if rw.status != 0 {
 				panic(http.ErrAbortHandler) // the answer had begun: cut it
 			}
-			WriteJSON(rw, http.StatusInternalServerError, contract.ErrorBody{Error: contract.ErrorDetail{
-				Type: contract.ErrTypeInternal, Message: "internal error", RequestID: RequestID(r.Context())}})
+			t.body()(rw, r, Errorf(http.StatusInternalServerError, contract.ErrTypeInternal, "internal error"))
 		}()
 		h.ServeHTTP(rw, r)
 	})
@@ -83,7 +89,7 @@ func recoverPanics(log *slog.Logger, h http.Handler) http.Handler {
 func logRequests(log *slog.Logger, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rw := recorder(w)
+		rw := NewStatusRecorder(w)
 		defer func() {
 			status := rw.status
 			if status == 0 {

@@ -546,28 +546,3 @@ func HostProcesses(prefix string) []string {
 	}
 	return out
 }
-
-// StatusRecorder wraps a ResponseWriter and keeps the status written
-// through it (200 when the handler wrote a body without one), for tests
-// that count answers.
-type StatusRecorder struct {
-	http.ResponseWriter
-	Status int
-}
-
-func (s *StatusRecorder) WriteHeader(code int) {
-	if s.Status == 0 {
-		s.Status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *StatusRecorder) Write(b []byte) (int, error) {
-	if s.Status == 0 {
-		s.Status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap gives http.ResponseController the writer beneath (Flush).
-func (s *StatusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

@@ -24,6 +24,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/provision"
@@ -85,10 +86,10 @@ func TestTwoTenantEnvsLifecycle(t *testing.T) {
 					h.ServeHTTP(w, r)
 					return
 				}
-				rec := &platformtest.StatusRecorder{ResponseWriter: w}
+				rec := httpapi.NewStatusRecorder(w)
 				h.ServeHTTP(rec, r)
 				mintCalls.Add(1)
-				if rec.Status != http.StatusOK {
+				if rec.Status() != http.StatusOK {
 					mintFailures.Add(1)
 				}
 			})

@@ -212,6 +212,12 @@ func checkEnvelope(t testing.TB, r result, status int, typ string) {
 	if env.Type != "error" || env.Error.Type != typ || env.Error.Message == "" {
 		t.Errorf("envelope: got %+v, want type \"error\", error.type %q and a message", env, typ)
 	}
+	// The proxy's own answers name the model call's request id, which
+	// its log lines carry: in the header, the body and the message (all
+	// that Claude Code shows).
+	if id := env.RequestID; id == "" || r.header.Get("request-id") != id || !strings.HasSuffix(env.Error.Message, " (request "+id+")") {
+		t.Errorf("request id: got %q in body, %q in header, message %q; want one id in all three", id, r.header.Get("request-id"), env.Error.Message)
+	}
 }
 
 func bearer(secret string) http.Header {

@@ -29,22 +29,11 @@ import (
 type GatewayProxy interface {
 	// Target returns the URL the request with API path apiPath (e.g.
 	// "/v1/messages") is sent to and the headers to set on it, for
-	// conversation conv. Errors are *Error values carrying the Anthropic error
-	// the CLI should see.
+	// conversation conv. Errors are *httpapi.Error values carrying the
+	// Anthropic error the CLI should see (any other error answers 502
+	// "gateway unavailable").
 	Target(ctx context.Context, conv, apiPath string) (*url.URL, http.Header, error)
 }
-
-// Error is a failure to prepare a request, answered to the CLI in Anthropic's
-// error envelope with Status and Type.
-type Error struct {
-	Status int
-	Type   string
-	Msg    string
-	Err    error
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s: %v", e.Status, e.Type, e.Msg, e.Err) }
-func (e *Error) Unwrap() error { return e.Err }
 
 // credentialHeaders are removed from every request before it leaves the
 // worker: the CLI's placeholder and anything resembling a credential.
@@ -55,6 +44,11 @@ type Server struct {
 	proxy GatewayProxy
 	log   *slog.Logger
 	rp    *httputil.ReverseProxy
+	// errs is the proxy's one error path: a log line and Anthropic's
+	// error envelope, which the CLI reads.
+	errs httpapi.Translator
+	// serve is serveCall behind errs' panic recovery.
+	serve http.Handler
 
 	mu sync.Mutex
 	// secrets maps a conversation id to the placeholder credential its CLI
@@ -67,6 +61,8 @@ type Server struct {
 // NewServer returns a Server that forwards through p.
 func NewServer(p GatewayProxy, log *slog.Logger) *Server {
 	s := &Server{proxy: p, log: httpapi.WithRequestIDs(log), secrets: make(map[string]string)}
+	s.errs = httpapi.Translator{Log: s.log, Body: httpapi.AnthropicBody, LogMsg: "local proxy refused call"}
+	s.serve = s.errs.Recover(http.HandlerFunc(s.serveCall))
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        s.rewrite,
 		ModifyResponse: s.answered,
@@ -144,13 +140,16 @@ type target struct {
 // gateway answers with it (request-id header, error bodies), so the CLI's
 // "API Error: …" text, and the turn_failed event made of it, name it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r = r.WithContext(httpapi.WithRequestID(r.Context(), httpapi.NewRequestID()))
+	s.serve.ServeHTTP(w, r.WithContext(httpapi.WithRequestID(r.Context(), httpapi.NewRequestID())))
+}
+
+func (s *Server) serveCall(w http.ResponseWriter, r *http.Request) {
 	conv, apiPath, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	apiPath = "/" + apiPath
 	if !ok || contract.ValidConversationID(conv) != nil || path.Clean(apiPath) != apiPath {
 		// path.Clean: a "/c1/../../api/internal/..." must never leave the
 		// gateway prefix with a freshly minted WorkerToken.
-		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "unknown path", "", nil)
+		s.errs.Write(w, r, httpapi.Errorf(http.StatusNotFound, anthropic.ErrNotFound, "unknown path"))
 		return
 	}
 	if apiPath == "/api/hello" {
@@ -160,22 +159,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !contract.GatewayForwards(apiPath) {
-		anthropic.WriteError(w, http.StatusNotFound, anthropic.ErrNotFound, "the local gateway proxy forwards only /v1/messages and /v1/messages/count_tokens", "", nil)
+		s.errs.Write(w, r, httpapi.Errorf(http.StatusNotFound, anthropic.ErrNotFound, "the local gateway proxy forwards only /v1/messages and /v1/messages/count_tokens"))
 		return
 	}
 	if !s.authorized(conv, r) {
+		// Another process on loopback guessing: a warning, not info.
 		s.log.WarnContext(r.Context(), "local proxy refused a request without the conversation's credential", "conversation", conv, "path", apiPath)
-		anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "missing or wrong conversation credential", "", nil)
+		s.errs.Body(w, r, httpapi.Errorf(http.StatusUnauthorized, anthropic.ErrAuthentication, "missing or wrong conversation credential"))
 		return
 	}
 	u, h, err := s.proxy.Target(r.Context(), conv, apiPath)
 	if err != nil {
-		var pe *Error
-		if !errors.As(err, &pe) {
-			pe = &Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Msg: "gateway unavailable", Err: err}
+		var he *httpapi.Error
+		if !errors.As(err, &he) {
+			he = httpapi.Wrap(http.StatusBadGateway, anthropic.ErrAPI, "gateway unavailable", err)
 		}
-		s.log.WarnContext(r.Context(), "local proxy could not prepare request", "conversation", conv, "status", pe.Status, "err", err)
-		anthropic.WriteError(w, pe.Status, pe.Type, pe.Msg, "", nil)
+		t := s.errs
+		t.Log = t.Log.With("conversation", conv)
+		t.LogMsg = "local proxy could not prepare request"
+		t.Write(w, r, he)
 		return
 	}
 	u.RawQuery = r.URL.RawQuery
@@ -261,8 +263,9 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
 	}
-	s.log.WarnContext(r.Context(), "local proxy upstream failed", "path", r.URL.Path, "status", status, "err", err)
-	anthropic.WriteError(w, status, typ, "gateway unreachable", "", nil)
+	t := s.errs
+	t.LogMsg = "local proxy upstream failed"
+	t.Write(w, r, httpapi.Wrap(status, typ, "gateway unreachable", err))
 }
 
 // NoOpGatewayProxy forwards straight to an Anthropic-compatible upstream with
@@ -306,9 +309,9 @@ func (p *MintingGatewayProxy) Target(ctx context.Context, conv, apiPath string) 
 	if err != nil {
 		var me *MintError
 		if errors.As(err, &me) && (me.Status == http.StatusUnauthorized || me.Status == http.StatusForbidden || me.Status == http.StatusNotFound) {
-			return nil, nil, &Error{Status: http.StatusForbidden, Type: anthropic.ErrPermission, Msg: "worker not allowed to use the gateway for this conversation: " + me.Msg, Err: err}
+			return nil, nil, httpapi.Wrap(http.StatusForbidden, anthropic.ErrPermission, "worker not allowed to use the gateway for this conversation: "+me.Msg, err)
 		}
-		return nil, nil, &Error{Status: http.StatusServiceUnavailable, Type: anthropic.ErrAPI, Msg: "token mint unavailable", Err: err}
+		return nil, nil, httpapi.Wrap(http.StatusServiceUnavailable, anthropic.ErrAPI, "token mint unavailable", err)
 	}
 	u := httpapi.JoinURL(p.Gateway, contract.PathGatewayPrefix, apiPath)
 	h := http.Header{}

@@ -17,6 +17,7 @@ import (
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
+	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/worker/localproxy"
 )
 
@@ -440,7 +441,7 @@ func TestLocalProxyRetriesExpiredToken(t *testing.T) {
 			}
 			gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("x-should-retry", "false")
-				anthropic.WriteError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "refused", "req_1", details)
+				httpapi.AnthropicBody(w, r, &httpapi.Error{Status: http.StatusUnauthorized, Type: anthropic.ErrAuthentication, Msg: "refused", Details: details})
 			}))
 			t.Cleanup(gw.Close)
 			gwURL, _ := url.Parse(gw.URL)
