@@ -102,7 +102,7 @@ func (r *rig) startControlPlane(workerURL string, adjust func(*controlplane.Conf
 	cpDone := make(chan struct{})
 	go func() {
 		defer close(cpDone)
-		if err := controlplane.RunWith(cpCtx, cpCfg, r.cpLn, nil); err != nil {
+		if err := controlplane.Run(cpCtx, cpCfg, r.cpLn); err != nil {
 			t.Errorf("control plane: %v", err)
 		}
 	}()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"time"
 
@@ -105,6 +106,11 @@ type Config struct {
 	// pod's in-cluster credentials.
 	Kubeconfig string
 	Logger     *slog.Logger
+	// Middleware, when set, wraps the control plane's whole HTTP handler
+	// (outermost): for a program that embeds the control plane and adds
+	// its own observability or access control, and for tests that watch
+	// the traffic. Not settable from the environment.
+	Middleware func(http.Handler) http.Handler
 
 	// provisionerCommand: an operator command (status, deprovision) that
 	// needs no worker image.

@@ -81,12 +81,6 @@ func workerFacing(r *http.Request) bool {
 // Connections and browser streams are capped from the open-files limit
 // (limits.go).
 func Run(ctx context.Context, cfg Config, ln net.Listener) error {
-	return RunWith(ctx, cfg, ln, nil)
-}
-
-// RunWith is Run with the handler wrapped by wrap (when non-nil), for tests
-// that observe traffic.
-func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Handler) http.Handler) error {
 	cfg.Logger = httpapi.WithRequestIDs(cfg.Logger) // lines about a request carry its id
 	db, err := OpenDB(ctx, cfg)
 	if err != nil {
@@ -102,8 +96,8 @@ func RunWith(ctx context.Context, cfg Config, ln net.Listener, wrap func(http.Ha
 	}
 	s, m := NewServer(cfg, db, spend)
 	var h http.Handler = s
-	if wrap != nil {
-		h = wrap(s)
+	if cfg.Middleware != nil {
+		h = cfg.Middleware(s)
 	}
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {

@@ -183,7 +183,9 @@ func (p *Platform) startControlPlane(ln net.Listener) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := controlplane.RunWith(ctx, p.cpCfg, ln, p.wrap); err != nil {
+		cfg := p.cpCfg
+		cfg.Middleware = p.wrap
+		if err := controlplane.Run(ctx, cfg, ln); err != nil {
 			p.T.Errorf("control plane: %v", err)
 		}
 	}()

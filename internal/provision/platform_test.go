@@ -78,23 +78,23 @@ func TestTwoTenantEnvsLifecycle(t *testing.T) {
 	}
 	cpCtx, stopCP := context.WithCancel(ctx)
 	cpDone := make(chan struct{})
+	cpCfg.Middleware = func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != contract.PathMint || r.Header.Get("X-Test-Probe") != "" {
+				h.ServeHTTP(w, r)
+				return
+			}
+			rec := httpapi.NewStatusRecorder(w)
+			h.ServeHTTP(rec, r)
+			mintCalls.Add(1)
+			if rec.Status() != http.StatusOK {
+				mintFailures.Add(1)
+			}
+		})
+	}
 	go func() {
 		defer close(cpDone)
-		err := controlplane.RunWith(cpCtx, cpCfg, cpLn, func(h http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != contract.PathMint || r.Header.Get("X-Test-Probe") != "" {
-					h.ServeHTTP(w, r)
-					return
-				}
-				rec := httpapi.NewStatusRecorder(w)
-				h.ServeHTTP(rec, r)
-				mintCalls.Add(1)
-				if rec.Status() != http.StatusOK {
-					mintFailures.Add(1)
-				}
-			})
-		})
-		if err != nil {
+		if err := controlplane.Run(cpCtx, cpCfg, cpLn); err != nil {
 			t.Errorf("control plane: %v", err)
 		}
 	}()

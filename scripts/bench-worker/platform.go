@@ -181,7 +181,7 @@ func startPlatform(dir, sessionDir string, cc childConfig) (*platform, error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := controlplane.RunWith(ctx, cpCfg, cpLn, nil); err != nil {
+		if err := controlplane.Run(ctx, cpCfg, cpLn); err != nil {
 			fmt.Fprintln(os.Stderr, "control plane:", err)
 		}
 	}()
