@@ -23,10 +23,13 @@ HELM3 := $(CURDIR)/.cache/tools/helm-$(HELM3_VERSION)/helm
 # The browser UI's npm packages are installed again only when the lockfile
 # changes: the stamp's name is the lockfile's sha256.
 WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json | cut -d' ' -f1)
+# Likewise the official TypeScript SDK the gateway's tests drive.
+SDK_TS_DIR := internal/gateway/testdata/ts-sdk
+SDK_TS_STAMP := $(SDK_TS_DIR)/node_modules/.installed-$(shell sha256sum $(SDK_TS_DIR)/package-lock.json | cut -d' ' -f1)
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
-.PHONY: run test tools build vet fmt-check clean chaos web
+.PHONY: run test tools build vet fmt-check clean chaos web sdk-ts
 
 ## tools: install the pinned Claude Code CLI into .tools/ (git-ignored),
 ## bubblewrap, which jails each agent, Gradle with JUnit 4, which the local
@@ -99,6 +102,16 @@ $(WEB_STAMP):
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
+## sdk-ts: install the pinned official Anthropic TypeScript SDK, which
+## internal/gateway's tests drive through the gateway-proxy with Node
+## ($(SDK_TS_DIR)/node_modules, git-ignored)
+sdk-ts: $(SDK_TS_STAMP)
+
+$(SDK_TS_STAMP):
+	@command -v npm >/dev/null || { echo "npm is required to install the TypeScript SDK the gateway's tests drive (Debian: sudo apt-get install npm)" >&2; exit 1; }
+	cd $(SDK_TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 ## build: compile every binary into bin/ (the browser UI bundled first)
 build: web
 	@[ -x $(BIN)/talkide ] || echo "building the platform's binaries into bin/: on a machine whose Go caches are empty this downloads the Go modules and compiles everything, 3 to 5 minutes on 2 cores; later builds take seconds"
@@ -111,7 +124,7 @@ run: tools web build
 ## test: every test, with the race detector, against the real CLI, PostgreSQL
 ## and the test cluster (built first by cluster-bins); the chart tests use the
 ## pinned Helms (helm) and the images (images)
-test: tools web cluster-bins helm images vet fmt-check tidy-check
+test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
 	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
 	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
 	@echo "go test -race ./...: about 15 minutes on 2 cores (longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
