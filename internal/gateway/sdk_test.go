@@ -62,6 +62,24 @@ func sdkErrorCode(t *testing.T, e *sdk.Error) string {
 	return code
 }
 
+// scriptTransient429 makes the upstream answer f's next call with a rate
+// limit to retry at once.
+func scriptTransient429(f *fixture) {
+	f.up.Script(devupstream.Response{Error: &devupstream.APIError{Status: 429, Type: "rate_limit_error", Message: "slow down",
+		Header: map[string]string{"retry-after": "0"}}})
+}
+
+// expiredWorkerToken is a WorkerToken for convID that expired a minute ago.
+func expiredWorkerToken(t *testing.T, f *fixture) string {
+	t.Helper()
+	tok, err := token.NewSigner(token.PurposeGateway, f.master.Derive(token.PurposeGateway, "", "")).
+		Sign(token.Claims{Tenant: tenant, Env: env, Conversation: convID, User: userID}, -time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
 // TestGatewayWithOfficialGoSDK: a direct SDK client over real HTTP can tell
 // the gateway's answers apart by status and headers alone, as the SDK's
 // retry logic does: it retries a transient 429 (the upstream's rate
@@ -71,8 +89,7 @@ func sdkErrorCode(t *testing.T, e *sdk.Error) string {
 func TestGatewayWithOfficialGoSDK(t *testing.T) {
 	t.Run("transient 429 is retried", func(t *testing.T) {
 		f := newFixture(t)
-		f.up.Script(devupstream.Response{Error: &devupstream.APIError{Status: 429, Type: "rate_limit_error", Message: "slow down",
-			Header: map[string]string{"retry-after": "0"}}})
+		scriptTransient429(f)
 		c, ct := sdkClient(f, f.workerToken(t, convID, userID))
 		msg, err := c.Messages.New(t.Context(), sdkParams)
 		if err != nil {
@@ -163,13 +180,9 @@ func TestGatewayWithOfficialGoSDK(t *testing.T) {
 
 	t.Run("expired token is not resent", func(t *testing.T) {
 		f := newFixture(t)
-		expired, err := token.NewSigner(token.PurposeGateway, f.master.Derive(token.PurposeGateway, "", "")).
-			Sign(token.Claims{Tenant: tenant, Env: env, Conversation: convID, User: userID}, -time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		expired := expiredWorkerToken(t, f)
 		c, ct := sdkClient(f, expired)
-		_, err = c.Messages.New(t.Context(), sdkParams)
+		_, err := c.Messages.New(t.Context(), sdkParams)
 		var e *sdk.Error
 		if !errors.As(err, &e) || e.StatusCode != http.StatusUnauthorized || e.Type() != "authentication_error" {
 			t.Fatalf("Messages.New: got %v, want a 401 authentication_error", err)

@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/gateway"
-	"github.com/talkide/talkide/internal/token"
 )
 
 // tsSDKDir holds the pinned official TypeScript SDK (make sdk-ts) and the
@@ -80,8 +78,7 @@ func runTSSDK(t *testing.T, f *fixture, tok, scenario string) tsResult {
 func TestGatewayWithOfficialTypeScriptSDK(t *testing.T) {
 	t.Run("transient 429 is retried", func(t *testing.T) {
 		f := newFixture(t)
-		f.up.Script(devupstream.Response{Error: &devupstream.APIError{Status: 429, Type: "rate_limit_error", Message: "slow down",
-			Header: map[string]string{"retry-after": "0"}}})
+		scriptTransient429(f)
 		r := runTSSDK(t, f, f.workerToken(t, convID, userID), "message")
 		if r.Error != nil || r.Text == "" || r.Requests != 2 {
 			t.Errorf("got %+v (error %+v); want an answer after one retry (2 requests)", r, r.Error)
@@ -130,11 +127,7 @@ func TestGatewayWithOfficialTypeScriptSDK(t *testing.T) {
 
 	t.Run("expired token is not resent", func(t *testing.T) {
 		f := newFixture(t)
-		expired, err := token.NewSigner(token.PurposeGateway, f.master.Derive(token.PurposeGateway, "", "")).
-			Sign(token.Claims{Tenant: tenant, Env: env, Conversation: convID, User: userID}, -time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		expired := expiredWorkerToken(t, f)
 		r := runTSSDK(t, f, expired, "refusal")
 		e := r.Error
 		if e == nil || e.Class != "AuthenticationError" || e.Status != http.StatusUnauthorized || e.ErrorCode != contract.ErrCodeTokenExpired {

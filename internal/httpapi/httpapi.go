@@ -215,33 +215,34 @@ func AnthropicBody(w http.ResponseWriter, r *http.Request, e *Error) {
 // type Anthropic uses for status (invalid_request_error for other 4xx,
 // api_error for other 5xx).
 func AnthropicType(status int, typ string) string {
-	switch typ {
-	case anthropic.ErrInvalidRequest, anthropic.ErrAuthentication, anthropic.ErrBilling, anthropic.ErrPermission, anthropic.ErrNotFound,
-		anthropic.ErrTooLarge, anthropic.ErrRateLimit, anthropic.ErrAPI, anthropic.ErrTimeout, anthropic.ErrOverloaded:
+	if typ == anthropic.ErrInvalidRequest || typ == anthropic.ErrAPI {
 		return typ
 	}
-	switch status {
-	case http.StatusUnauthorized:
-		return anthropic.ErrAuthentication
-	case http.StatusPaymentRequired:
-		return anthropic.ErrBilling
-	case http.StatusForbidden:
-		return anthropic.ErrPermission
-	case http.StatusNotFound:
-		return anthropic.ErrNotFound
-	case http.StatusRequestEntityTooLarge:
-		return anthropic.ErrTooLarge
-	case http.StatusTooManyRequests:
-		return anthropic.ErrRateLimit
-	case http.StatusGatewayTimeout:
-		return anthropic.ErrTimeout
-	case 529:
-		return anthropic.ErrOverloaded
+	for _, t := range anthropicTypeByStatus {
+		if typ == t {
+			return typ
+		}
+	}
+	if t, ok := anthropicTypeByStatus[status]; ok {
+		return t
 	}
 	if status >= 500 {
 		return anthropic.ErrAPI
 	}
 	return anthropic.ErrInvalidRequest
+}
+
+// anthropicTypeByStatus is the Anthropic error type of each status that
+// has one of its own (Anthropic API errors documentation).
+var anthropicTypeByStatus = map[int]string{
+	http.StatusUnauthorized:          anthropic.ErrAuthentication,
+	http.StatusPaymentRequired:       anthropic.ErrBilling,
+	http.StatusForbidden:             anthropic.ErrPermission,
+	http.StatusNotFound:              anthropic.ErrNotFound,
+	http.StatusRequestEntityTooLarge: anthropic.ErrTooLarge,
+	http.StatusTooManyRequests:       anthropic.ErrRateLimit,
+	http.StatusGatewayTimeout:        anthropic.ErrTimeout,
+	529:                              anthropic.ErrOverloaded,
 }
 
 // WriteJSON writes v as JSON with status.
