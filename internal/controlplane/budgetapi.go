@@ -234,7 +234,7 @@ func (a *budgetAPI) putUserLimit(w http.ResponseWriter, r *http.Request) error {
 	if err := a.svc.SetUserLimit(r.Context(), user, limit); err != nil {
 		return err
 	}
-	a.log.Info("budget limit set", "user", user, "limit_nano_usd", limit)
+	a.log.InfoContext(r.Context(), "budget limit set", "user", user, "limit_nano_usd", limit)
 	return a.getUser(w, r)
 }
 
@@ -246,7 +246,7 @@ func (a *budgetAPI) deleteUserLimit(w http.ResponseWriter, r *http.Request) erro
 	if err := a.svc.ClearUserLimit(r.Context(), user); err != nil {
 		return err
 	}
-	a.log.Info("budget limit cleared", "user", user)
+	a.log.InfoContext(r.Context(), "budget limit cleared", "user", user)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -269,7 +269,7 @@ func (a *budgetAPI) putTenantLimit(w http.ResponseWriter, r *http.Request) error
 	if err := a.svc.SetTenantLimit(r.Context(), tenant, limit); err != nil {
 		return err
 	}
-	a.log.Info("tenant budget limit set", "tenant", tenant, "limit_nano_usd", limit)
+	a.log.InfoContext(r.Context(), "tenant budget limit set", "tenant", tenant, "limit_nano_usd", limit)
 	httpapi.WriteJSON(w, http.StatusOK, tenantLimitJSON{Tenant: tenant, LimitNanoUSD: limit, LimitUSD: budget.FormatUSD(limit)})
 	return nil
 }

@@ -41,22 +41,22 @@ func (s *Server) storeConversation(ctx context.Context, c controlstore.Conversat
 // A refusal (429: its caps or no agent uid free; 503: not taking new work,
 // out of open files, disk or memory) is given before the session is made.
 // The answer is the worker's: 429, 503 with Retry-After, or 502.
-func (s *Server) notCreatedOnWorker(c controlstore.Conversation, wc *workerclient.Client, err error) error {
-	// Not the request's context: the undo must happen even if the client
-	// has gone.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// The cause, err, is logged once, on the request's error line.
+func (s *Server) notCreatedOnWorker(rctx context.Context, c controlstore.Conversation, wc *workerclient.Client, err error) error {
+	// Not cancelled with the request: the undo must happen even if the
+	// client has gone. Its lines carry the request's id.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), 5*time.Second)
 	defer cancel()
 	var we *workerclient.Error
 	refused := errors.As(err, &we) && (we.Status == http.StatusTooManyRequests || we.Status == http.StatusServiceUnavailable)
 	if wc != nil && !refused {
 		if _, derr := wc.DeleteSession(ctx, c.ID); derr != nil && !(errors.As(derr, &we) && we.Status == http.StatusNotFound) {
-			s.log.Warn("remove a session the worker may have half-created", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", derr)
+			s.log.WarnContext(ctx, "remove a session the worker may have half-created", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", derr)
 		}
 	}
 	if derr := s.db.DeleteConversation(ctx, c.ID, time.Now()); derr != nil {
-		s.log.Error("undo a conversation the worker did not create", "conversation", c.ID, "err", derr)
+		s.log.ErrorContext(ctx, "undo a conversation the worker did not create", "conversation", c.ID, "err", derr)
 	}
-	s.log.Warn("create session on worker", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "err", err)
 	return workerError(err)
 }
 
@@ -82,7 +82,7 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) erro
 	if err := s.db.DeleteConversation(context.WithoutCancel(r.Context()), c.ID, time.Now()); err != nil && !errors.Is(err, controlstore.ErrNotFound) {
 		return err
 	}
-	s.log.Info("conversation deleted", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "user", c.UserID)
+	s.log.InfoContext(r.Context(), "conversation deleted", "conversation", c.ID, "tenant", c.Tenant, "env", c.Env, "user", c.UserID)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -61,17 +60,11 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	ui := webui.Handler(s.log)
 	s.mux.Handle("GET /{$}", ui)
 	s.mux.Handle("GET "+webui.AssetsPrefix, ui)
-	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log), workerFacing)
+	// Every request gets a new id; the mint and the gateway adopt the one a
+	// worker's local proxy sent once its credential checks out
+	// (httpapi.AdoptRequestID), so a model call has one id in both logs.
+	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log))
 	return s, m
-}
-
-// workerFacing reports whether r is on a route only TalkIDE processes call
-// (the gateway-proxy, the mint, worker reports), whose X-Request-Id is kept
-// so a model call's lines in the worker's and the control plane's logs share
-// an id. A browser's id is never kept: the control plane makes its own.
-func workerFacing(r *http.Request) bool {
-	p := r.URL.Path
-	return p == contract.PathMint || strings.HasPrefix(p, contract.PathGatewayPrefix+"/") || strings.HasPrefix(p, contract.PathReportPrefix+"/")
 }
 
 // Run opens the database, sets up the dev user if configured, and serves on

@@ -259,13 +259,13 @@ func (s *Server) createConversation(w http.ResponseWriter, r *http.Request) erro
 	// so (notCreatedOnWorker): the client retries the create.
 	wc, err := s.workers.client(c.Tenant, c.Env)
 	if err != nil {
-		return s.notCreatedOnWorker(c, nil, err)
+		return s.notCreatedOnWorker(r.Context(), c, nil, err)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	st, err := wc.CreateSession(ctx, c.ID, contract.CreateSessionRequest{UserID: u.ID, Model: req.Model, Sample: req.Sample})
 	cancel()
 	if err != nil {
-		return s.notCreatedOnWorker(c, wc, err)
+		return s.notCreatedOnWorker(r.Context(), c, wc, err)
 	}
 	resp := conversationResponse{conversationJSON: toConversationJSON(controlstore.ConversationSummary{Conversation: c, LastActivity: c.CreatedAt}), Worker: &st}
 	httpapi.WriteJSON(w, http.StatusCreated, resp)

@@ -295,9 +295,10 @@ func refused(reason string, status int, typ, msg string) *refusal {
 
 // ServeHTTP handles one call. Its own answers (refusals, an upstream that
 // failed, a panic) are Anthropic error envelopes naming the call's request
-// id: the caller's (the worker's local proxy sends its own, kept by the
-// control plane's request-id middleware), or a gateway id for a call that
-// came without one.
+// id: the control plane's (httpapi.RequestIDs), replaced by the one the
+// caller sent once its WorkerToken checks out (the worker's local proxy
+// sends its own), or a gateway id when the gateway runs without that
+// middleware.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if httpapi.RequestID(r.Context()) == "" {
 		r = r.WithContext(httpapi.WithRequestID(r.Context(), gatewayRequestID()))
@@ -376,6 +377,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 		}
 		return nil, ref
 	}
+	// A WorkerToken checks out: the id the worker's local proxy sent for
+	// this model call names it here too.
+	reqID = httpapi.AdoptRequestID(w, r)
 	if claims.Conversation == "" || claims.User == "" {
 		return nil, refused("forbidden", http.StatusForbidden, anthropic.ErrPermission, "worker token not scoped to a conversation")
 	}
@@ -566,6 +570,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		hdr.Set("Cache-Control", "no-cache")
 	}
 	hdr.Set(HeaderOverhead, strconv.FormatFloat(float64(c.forwarded.Sub(c.start).Microseconds())/1000, 'f', 3, 64))
+	if !stream {
+		nameRequest(resp, c.requestID)
+	}
 	if c.ticket == nil {
 		return nil // not metered: count_tokens is free
 	}

@@ -1,15 +1,18 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -160,4 +163,102 @@ func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path st
 	t := h.errs
 	t.LogMsg = "gateway upstream failed"
 	t.Write(w, r, e)
+}
+
+// maxNamedErrorBody bounds the upstream error bodies nameRequest rewrites.
+const maxNamedErrorBody = 64 << 10
+
+// nameRequest ends the message of an upstream error answer (status ≥ 400,
+// Anthropic's JSON envelope) with " (request <id>)", id being the call's
+// TalkIDE request id, as the gateway's own refusals do: Claude Code shows
+// only the message, and the id finds the call in the worker's and the
+// control plane's logs. Anthropic's own request_id and request-id header
+// are left as they are (they are what Anthropic's support asks for). An
+// answer that is streamed, compressed, over 64 KiB or not such an envelope
+// passes unchanged.
+func nameRequest(resp *http.Response, id string) {
+	if resp.StatusCode < 400 || id == "" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return
+	}
+	orig := resp.Body
+	b, err := io.ReadAll(io.LimitReader(orig, maxNamedErrorBody+1))
+	rest := func() {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), orig), orig}
+	}
+	if err != nil || len(b) > maxNamedErrorBody {
+		rest()
+		return
+	}
+	start, end, msg, ok := errorMessageAt(b)
+	if !ok || strings.Contains(msg, id) {
+		rest()
+		return
+	}
+	named, _ := json.Marshal(msg + " (request " + id + ")")
+	nb := append(append(append(make([]byte, 0, len(b)+len(named)), b[:start]...), named...), b[end:]...)
+	orig.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(nb))
+	resp.ContentLength = int64(len(nb))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(nb)))
+}
+
+// errorMessageAt finds error.message in b, an Anthropic error envelope
+// ({"type":"error","error":{...,"message":"..."}}): the offsets of its JSON
+// string literal and its value. ok is false for anything else.
+func errorMessageAt(b []byte) (start, end int, msg string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	isError, found := false, false
+	object := func(each func(key string) error) error {
+		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+			return errors.New("not an object")
+		}
+		for dec.More() {
+			t, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			if err := each(t.(string)); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token() // the closing brace
+		return err
+	}
+	skip := func() error { var v json.RawMessage; return dec.Decode(&v) }
+	err := object(func(key string) error {
+		switch key {
+		case "type":
+			var t string
+			if err := dec.Decode(&t); err != nil {
+				return err
+			}
+			isError = t == "error"
+			return nil
+		case "error":
+			return object(func(key string) error {
+				if key != "message" || found {
+					return skip()
+				}
+				after := int(dec.InputOffset())
+				if err := dec.Decode(&msg); err != nil {
+					return err
+				}
+				end = int(dec.InputOffset())
+				start = after + bytes.IndexByte(b[after:end], '"')
+				found = true
+				return nil
+			})
+		}
+		return skip()
+	})
+	if err != nil || !isError || !found {
+		return 0, 0, "", false
+	}
+	return start, end, msg, true
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync/atomic"
 )
 
 // HeaderRequestID carries a request's id: answered on every response, and
@@ -23,6 +24,13 @@ var validRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 
 type ctxKeyRequestID struct{}
 
+// requestIDs is what a request's context carries: its id, which
+// AdoptRequestID may replace by the one its caller claimed.
+type requestIDs struct {
+	id      atomic.Pointer[string]
+	claimed string
+}
+
 // NewRequestID returns a fresh id: "req_" and 20 random base32 characters
 // (100 bits).
 func NewRequestID() string {
@@ -33,13 +41,44 @@ func NewRequestID() string {
 
 // WithRequestID returns ctx carrying request id id.
 func WithRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, ctxKeyRequestID{}, id)
+	return withRequestIDs(ctx, id, "")
+}
+
+func withRequestIDs(ctx context.Context, id, claimed string) context.Context {
+	ids := &requestIDs{claimed: claimed}
+	ids.id.Store(&id)
+	return context.WithValue(ctx, ctxKeyRequestID{}, ids)
 }
 
 // RequestID returns the request id ctx carries, or "".
 func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(ctxKeyRequestID{}).(string)
-	return id
+	if ids, ok := ctx.Value(ctxKeyRequestID{}).(*requestIDs); ok {
+		return *ids.id.Load()
+	}
+	return ""
+}
+
+// AdoptRequestID makes the id r's caller sent in HeaderRequestID (when well
+// formed) the request's id, and returns the request's id. A handler calls
+// it once it has authenticated the caller as a TalkIDE process (a worker's
+// identity token at the mint, a WorkerToken at the gateway, the control
+// plane's request signature at a worker), so that one model call or one
+// browser request has one id in every process's log; an unauthenticated
+// caller cannot choose the id its lines are logged under. From then on the
+// id is r's context's (every later log line, the request's access-log line,
+// error bodies) and is answered in HeaderRequestID. Without RequestIDs'
+// middleware, or when the caller sent none, the id stays.
+func AdoptRequestID(w http.ResponseWriter, r *http.Request) string {
+	ids, ok := r.Context().Value(ctxKeyRequestID{}).(*requestIDs)
+	if !ok {
+		return ""
+	}
+	if ids.claimed != "" {
+		id := ids.claimed
+		ids.id.Store(&id)
+		w.Header().Set(HeaderRequestID, id)
+	}
+	return *ids.id.Load()
 }
 
 // SetRequestID sets HeaderRequestID on an outgoing request from the id its
@@ -50,19 +89,20 @@ func SetRequestID(r *http.Request) {
 	}
 }
 
-// RequestIDs gives every request an id before h sees it: the incoming
-// HeaderRequestID when trusted(r) says the caller is a TalkIDE process whose
-// ids may be kept and the id is well formed, else a new one. The id is in
-// the request's context (RequestID), answered in HeaderRequestID, and in
-// every error body WriteError writes. A nil trusted trusts no caller.
-func RequestIDs(h http.Handler, trusted func(*http.Request) bool) http.Handler {
+// RequestIDs gives every request a new id before h sees it, in the
+// request's context (RequestID), answered in HeaderRequestID, and in every
+// error body a Translator writes. The id a caller sends in HeaderRequestID
+// is kept aside (when well formed: 1-64 characters of [A-Za-z0-9._:-]) and
+// becomes the request's id only if a handler adopts it after
+// authenticating the caller (AdoptRequestID).
+func RequestIDs(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(HeaderRequestID)
-		if id == "" || trusted == nil || !trusted(r) || !validRequestID.MatchString(id) {
-			id = NewRequestID()
+		id, claimed := NewRequestID(), r.Header.Get(HeaderRequestID)
+		if !validRequestID.MatchString(claimed) {
+			claimed = ""
 		}
 		w.Header().Set(HeaderRequestID, id)
-		h.ServeHTTP(w, r.WithContext(WithRequestID(r.Context(), id)))
+		h.ServeHTTP(w, r.WithContext(withRequestIDs(r.Context(), id, claimed)))
 	})
 }
 

@@ -13,13 +13,29 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 )
 
-func TestRequestIDsKeepOnlyTrustedWellFormedIDs(t *testing.T) {
-	var seen string
-	h := RequestIDs(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen = RequestID(r.Context()) }),
-		func(r *http.Request) bool { return r.URL.Path == "/internal" })
+// TestRequestIDsAdoptedOnlyAfterAuthentication: every request gets a new
+// id; the one its caller sent replaces it only when a handler adopts it
+// (after checking the caller's credential) and it is well formed. Lines
+// logged before adoption carry the new id; the access-log line, written
+// at the end, carries the adopted one.
+func TestRequestIDsAdoptedOnlyAfterAuthentication(t *testing.T) {
+	var buf bytes.Buffer
+	log := WithRequestIDs(slog.New(slog.NewJSONHandler(&buf, nil)))
+	var before, after string
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /internal", func(w http.ResponseWriter, r *http.Request) {
+		before = RequestID(r.Context())
+		log.InfoContext(r.Context(), "before the credential check")
+		after = AdoptRequestID(w, r) // the caller's credential checked out
+	})
+	mux.HandleFunc("POST /browser", func(w http.ResponseWriter, r *http.Request) {
+		before = RequestID(r.Context())
+		after = before
+	})
+	h := RequestIDs(Routes(mux, log))
 	for _, tc := range []struct {
 		path, sent string
-		kept       bool
+		adopted    bool
 	}{
 		{"/internal", "req_from_the_worker", true},
 		{"/internal", "", false},
@@ -28,20 +44,25 @@ func TestRequestIDsKeepOnlyTrustedWellFormedIDs(t *testing.T) {
 		{"/internal", "evil\r\nX-Injected: 1", false},
 		{"/browser", "req_chosen_by_a_browser", false},
 	} {
-		r := httptest.NewRequest("GET", tc.path, nil)
+		buf.Reset()
+		r := httptest.NewRequest("POST", tc.path, nil)
 		if tc.sent != "" {
 			r.Header[HeaderRequestID] = []string{tc.sent}
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		if got := w.Header().Get(HeaderRequestID); got != seen || seen == "" {
-			t.Fatalf("%s %q: answered %q, handler saw %q", tc.path, tc.sent, got, seen)
+		if !strings.HasPrefix(before, "req_") || before == tc.sent {
+			t.Errorf("%s %q: id before adoption %q, want a new one", tc.path, tc.sent, before)
 		}
-		if (seen == tc.sent) != tc.kept {
-			t.Errorf("%s %q: id %q, kept want %v", tc.path, tc.sent, seen, tc.kept)
+		if got := w.Header().Get(HeaderRequestID); got != after {
+			t.Errorf("%s %q: answered %q, handler's id %q", tc.path, tc.sent, got, after)
 		}
-		if !tc.kept && !strings.HasPrefix(seen, "req_") {
-			t.Errorf("made id %q", seen)
+		if (after == tc.sent) != tc.adopted {
+			t.Errorf("%s %q: id %q, adopted want %v", tc.path, tc.sent, after, tc.adopted)
+		}
+		if tc.adopted && (!strings.Contains(buf.String(), `"msg":"request","method":"POST","path":"/internal","status":200`) ||
+			!strings.Contains(buf.String(), `"request_id":"`+tc.sent+`"`) || !strings.Contains(buf.String(), `"request_id":"`+before+`"`)) {
+			t.Errorf("%s %q: log %s: want the early line under the new id and the access line under the adopted one", tc.path, tc.sent, buf.String())
 		}
 	}
 	if a, b := NewRequestID(), NewRequestID(); a == b || len(a) != 24 {
@@ -60,7 +81,7 @@ func TestErrorsAndPanicsCarryTheRequestID(t *testing.T) {
 		return Wrap(http.StatusConflict, contract.ErrTypeConflict, "safe message", errors.New("internal cause /var/lib/secret"))
 	}))
 	mux.HandleFunc("GET /panic", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
-	srv := httptest.NewServer(RequestIDs(Routes(mux, log), nil))
+	srv := httptest.NewServer(RequestIDs(Routes(mux, log)))
 	defer srv.Close()
 	for _, tc := range []struct {
 		path   string

@@ -61,18 +61,18 @@ func TestTranslatorOneErrorPath(t *testing.T) {
 		body ErrorBody
 		// typeOf reads the error type from a body, or "" when the body
 		// is not the family's shape.
-		typeOf func([]byte) string
+		typeOf func(b []byte, id string) string
 	}{
-		{"platform", nil, func(b []byte) string {
+		{"platform", nil, func(b []byte, id string) string {
 			var e contract.ErrorBody
-			if json.Unmarshal(b, &e) != nil || e.Error.RequestID != "req_x" {
+			if json.Unmarshal(b, &e) != nil || e.Error.RequestID != id {
 				return ""
 			}
 			return e.Error.Type
 		}},
-		{"anthropic", AnthropicBody, func(b []byte) string {
+		{"anthropic", AnthropicBody, func(b []byte, id string) string {
 			var e anthropic.ErrorEnvelope
-			if json.Unmarshal(b, &e) != nil || e.Type != "error" || e.RequestID != "req_x" || !strings.HasSuffix(e.Error.Message, "(request req_x)") {
+			if json.Unmarshal(b, &e) != nil || e.Type != "error" || e.RequestID != id || !strings.HasSuffix(e.Error.Message, "(request "+id+")") {
 				return ""
 			}
 			return e.Error.Type
@@ -87,7 +87,7 @@ func TestTranslatorOneErrorPath(t *testing.T) {
 			}))
 			mux.Handle("POST /cause", tr.Handle(func(w http.ResponseWriter, r *http.Request) error { return errors.New(secret) }))
 			mux.HandleFunc("POST /panic", func(w http.ResponseWriter, r *http.Request) { panic(secret) })
-			h := RequestIDs(tr.Routes(mux), func(*http.Request) bool { return true })
+			h := RequestIDs(tr.Routes(mux))
 			wantType := func(status int, platform string) string {
 				if fam.body == nil {
 					return platform
@@ -108,10 +108,10 @@ func TestTranslatorOneErrorPath(t *testing.T) {
 			} {
 				logs.Reset()
 				req := httptest.NewRequest(tc.method, tc.path, nil)
-				req.Header.Set(HeaderRequestID, "req_x")
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, req)
-				if rec.Code != tc.status || fam.typeOf(rec.Body.Bytes()) != wantType(tc.status, tc.typ) {
+				id := rec.Header().Get(HeaderRequestID)
+				if rec.Code != tc.status || id == "" || fam.typeOf(rec.Body.Bytes(), id) != wantType(tc.status, tc.typ) {
 					t.Errorf("%s %s: got %d %s, want %d of type %s in the %s shape", tc.method, tc.path, rec.Code, rec.Body, tc.status, wantType(tc.status, tc.typ), fam.name)
 				}
 				if strings.Contains(rec.Body.String(), "permission denied") {

@@ -92,7 +92,9 @@ func (h *Handler) mint(w http.ResponseWriter, r *http.Request) error {
 	}
 	id, err := h.identity.Verify(raw)
 	if err != nil {
-		h.log.Warn("mint refused identity token", "token", token.Fingerprint(raw), "err", err)
+		// A warning (a forged or stale credential is worth an alert); the
+		// cause is on the request's error line.
+		h.log.WarnContext(r.Context(), "mint refused identity token", "token", token.Fingerprint(raw))
 		return httpapi.Unauthorized("invalid identity token", err)
 	}
 	rec, err := h.store.IdentityTokenByID(r.Context(), id.ID)
@@ -105,6 +107,9 @@ func (h *Handler) mint(w http.ResponseWriter, r *http.Request) error {
 	if rec.RevokedAt != nil {
 		return httpapi.Unauthorized("identity token revoked", nil)
 	}
+	// A worker's local proxy sends its model call's id: the call's lines
+	// here and in the worker's log share it.
+	httpapi.AdoptRequestID(w, r)
 	body, err := httpapi.ReadBody(w, r, 4<<10)
 	if err != nil {
 		return err
@@ -118,7 +123,7 @@ func (h *Handler) mint(w http.ResponseWriter, r *http.Request) error {
 	}
 	conv, err := h.store.Conversation(r.Context(), req.ConversationID)
 	if errors.Is(err, controlstore.ErrNotFound) || (err == nil && (conv.Tenant != id.Tenant || conv.Env != id.Env)) {
-		h.log.Warn("mint refused conversation outside the worker's tenant-env", "tenant", id.Tenant, "env", id.Env, "conversation", req.ConversationID)
+		h.log.WarnContext(r.Context(), "mint refused conversation outside the worker's tenant-env", "tenant", id.Tenant, "env", id.Env, "conversation", req.ConversationID)
 		return httpapi.Forbidden("conversation not in this worker's tenant-env", err)
 	}
 	if err != nil {

@@ -35,7 +35,7 @@ func (h *Handler) scope(r *http.Request) (Scope, error) {
 	}
 	c, err := h.verifier.Verify(raw)
 	if err != nil {
-		h.log.Warn("reporting refused worker token", "token", token.Fingerprint(raw), "err", err)
+		h.log.WarnContext(r.Context(), "reporting refused worker token", "token", token.Fingerprint(raw)) // the cause: on the error line
 		return Scope{}, httpapi.Unauthorized("invalid or expired worker token", err)
 	}
 	if c.Conversation == "" || c.User == "" {

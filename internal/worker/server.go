@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -82,7 +83,7 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 	})
 	// Every caller of the worker API is a control plane or a peer replica
 	// (requests are token-checked), so their request ids are kept.
-	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log), func(*http.Request) bool { return true })
+	s.handler = httpapi.RequestIDs(httpapi.Routes(s.mux, s.log))
 	return s
 }
 
@@ -101,6 +102,9 @@ func (s *Server) route(pattern string, h httpapi.HandlerFunc) {
 		if err := s.authenticate(r, body); err != nil {
 			return err
 		}
+		// The control plane signed this request: its id (the browser
+		// request's) names the request here too.
+		httpapi.AdoptRequestID(w, r)
 		if err := contract.ValidConversationID(r.PathValue("id")); err != nil {
 			return httpapi.BadRequest("%v", err)
 		}
@@ -151,8 +155,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, ow
 	r.ContentLength = int64(len(body))
 	rp.ServeHTTP(w, r)
 	if proxyErr != nil && r.Context().Err() == nil {
-		s.log.WarnContext(r.Context(), "forward to the conversation's owner failed", "conversation", r.PathValue("id"), "owner", owner.Holder, "err", proxyErr)
-		return unavailable("the replica owning this conversation is unreachable; retry shortly", proxyErr)
+		return unavailable("the replica owning this conversation is unreachable; retry shortly", fmt.Errorf("forward to owner %s: %w", owner.Holder, proxyErr))
 	}
 	return nil
 }
@@ -164,7 +167,9 @@ func (s *Server) authenticate(r *http.Request, body []byte) error {
 	}
 	c, err := s.verifier.Verify(raw)
 	if err != nil {
-		s.log.WarnContext(r.Context(), "refused worker request token", "path", r.URL.Path, "token", token.Fingerprint(raw), "err", err)
+		// A warning (only the control plane holds the request key); the
+		// cause is on the request's error line.
+		s.log.WarnContext(r.Context(), "refused worker request token", "path", r.URL.Path, "token", token.Fingerprint(raw))
 		return httpapi.Unauthorized("invalid request token", err)
 	}
 	if err := token.CheckRequest(c, r.Method, r.URL.RequestURI(), body); err != nil {
