@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -29,18 +30,67 @@ type Package struct {
 	Standard   bool
 }
 
+// Builds are the build settings Deps lists under, added to the test's
+// environment: the host's (cgo on, as go build has it where a C compiler
+// is) and the images' (no cgo, linux/amd64: internal/imagebuild's
+// goBuildEnv), since a file with a build constraint may import something
+// under one and not the other.
+var Builds = [][]string{{"CGO_ENABLED=1"}, {"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}}
+
 // Deps returns every package that the package pkg (a pattern for go list,
 // such as "." or "./cmd/talkide-worker", resolved from the test's working
-// directory) links, itself included and last, in go list's dependency
-// order. Test files are not counted: a binary does not link them.
+// directory) links under any of Builds, itself included and last, in go
+// list's dependency order (the packages only another build links first).
+// Test files are not counted: a binary does not link them.
 func Deps(t testing.TB, pkg string) []Package {
 	t.Helper()
+	var all []Package
+	for i := len(Builds) - 1; i >= 0; i-- {
+		all = merge(all, depsUnder(t, pkg, Builds[i]))
+	}
+	return all
+}
+
+// merge returns b with the packages only a has put before it, and the
+// imports of a package both list joined.
+func merge(a, b []Package) []Package {
+	inA := make(map[string]Package, len(a))
+	for _, p := range a {
+		inA[p.ImportPath] = p
+	}
+	var out []Package
+	inB := make(map[string]bool, len(b))
+	for _, p := range b {
+		inB[p.ImportPath] = true
+	}
+	for _, p := range a {
+		if !inB[p.ImportPath] {
+			out = append(out, p)
+		}
+	}
+	for _, p := range b {
+		if q, ok := inA[p.ImportPath]; ok {
+			for _, imp := range q.Imports {
+				if !slices.Contains(p.Imports, imp) {
+					p.Imports = append(p.Imports, imp)
+				}
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// depsUnder is go list -deps of pkg with env added to the environment.
+func depsUnder(t testing.TB, pkg string, env []string) []Package {
+	t.Helper()
 	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports,Standard", pkg)
+	cmd.Env = append(os.Environ(), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr.Bytes())
+		t.Fatalf("go list -deps %s (%v): %v\n%s", pkg, env, err, stderr.Bytes())
 	}
 	var pkgs []Package
 	for dec := json.NewDecoder(bytes.NewReader(out)); ; {

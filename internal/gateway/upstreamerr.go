@@ -89,11 +89,11 @@ func describeUpstreamError(upstream *url.URL, err error) *UpstreamError {
 		e.Cause = fmt.Sprintf("no route to %s", hostport)
 	case errors.As(err, &opErr) && opErr.Op == "proxyconnect":
 		e.Unreachable = true
-		e.Cause = fmt.Sprintf("connecting through the HTTP proxy failed: %v", opErr.Err)
+		e.Cause = "connecting through the HTTP proxy failed" + errnoText(err)
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		e.Unreachable = true
 		e.Timeout = opErr.Timeout()
-		e.Cause = fmt.Sprintf("connecting to %s failed: %v", hostport, opErr.Err)
+		e.Cause = fmt.Sprintf("connecting to %s failed", hostport) + errnoText(err)
 		if e.Timeout {
 			e.Cause = fmt.Sprintf("connecting to %s timed out", hostport)
 		}
@@ -103,9 +103,21 @@ func describeUpstreamError(upstream *url.URL, err error) *UpstreamError {
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		e.Cause = fmt.Sprintf("%s closed the connection before answering", hostport)
 	default:
-		e.Cause = fmt.Sprintf("request to %s failed: %v", hostport, err)
+		// Whatever else went wrong (a malformed answer, say) may quote
+		// bytes the upstream chose: the cause stays in the log (Err).
+		e.Cause = fmt.Sprintf("request to %s failed (the control plane's log has the cause)", hostport)
 	}
 	return e
+}
+
+// errnoText is ": <the system's words>" for the system call error err
+// holds (e.g. "permission denied"), else "".
+func errnoText(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return ": " + errno.Error()
+	}
+	return ""
 }
 
 // isTLSHandshake reports whether err came from a TLS handshake whose error
@@ -151,7 +163,7 @@ func (h *Handler) CheckUpstream(ctx context.Context) error {
 // minutes against an upstream that cannot be reached.
 func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path string, err error) {
 	ue := describeUpstreamError(h.cfg.Upstream, err)
-	e := &httpapi.Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Err: ue,
+	e := &httpapi.Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Err: err, // the whole cause, for the log
 		Msg: "TalkIDE gateway: " + ue.Error() + ". Ask the platform's administrator to check the control plane's model upstream (TALKIDE_UPSTREAM_URL) and its network."}
 	if ue.Timeout {
 		e.Status, e.Type = http.StatusGatewayTimeout, anthropic.ErrTimeout

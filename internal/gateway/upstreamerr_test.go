@@ -19,12 +19,19 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )
 
 // gatewayTo starts a gateway whose model upstream is upstream, with the
 // default transport (as the control plane builds it).
 func gatewayTo(t *testing.T, upstream string) (*gateway.Handler, *httptest.Server, token.MasterKey) {
+	t.Helper()
+	return gatewayLogging(t, upstream, slog.New(slog.DiscardHandler))
+}
+
+// gatewayLogging is gatewayTo logging to log.
+func gatewayLogging(t *testing.T, upstream string, log *slog.Logger) (*gateway.Handler, *httptest.Server, token.MasterKey) {
 	t.Helper()
 	db, err := controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
 	if err != nil {
@@ -40,7 +47,7 @@ func gatewayTo(t *testing.T, upstream string) (*gateway.Handler, *httptest.Serve
 	}
 	svc := budget.NewService(db, budget.Config{})
 	gw := gateway.New(gateway.Config{Upstream: u, APIKey: "sk-test", Keys: []token.Key{master.Derive(token.PurposeGateway, "", "")},
-		Budget: svc, Logger: slog.New(slog.DiscardHandler)})
+		Budget: svc, Logger: log})
 	srv := httptest.NewServer(gw)
 	t.Cleanup(func() { srv.Close(); gw.Close(); svc.Close(); db.Close() })
 	return gw, srv, master
@@ -116,5 +123,54 @@ func TestUnreachableUpstreamIsNamed(t *testing.T) {
 	gw, _, _ := gatewayTo(t, up.URL)
 	if err := gw.CheckUpstream(t.Context()); err != nil {
 		t.Errorf("CheckUpstream of a live upstream: %v", err)
+	}
+}
+
+// TestUpstreamGarbageIsNotQuoted: an upstream that answers something other
+// than HTTP makes Go's transport quote its bytes in the error; the client
+// gets a 502 that names the upstream but not those bytes, and the log gets
+// the whole cause.
+func TestUpstreamGarbageIsNotQuoted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "SSH-2.0-OpenSSH_9.6 /etc/talkide/secret.key\r\n\r\n")
+			c.Close()
+		}
+	}()
+	logs := &platformtest.LogBuffer{}
+	_, srv, master := gatewayLogging(t, "http://"+ln.Addr().String(), slog.New(slog.NewJSONHandler(logs, nil)))
+	tok, err := token.NewSigner(token.PurposeGateway, master.Derive(token.PurposeGateway, "", "")).
+		Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: "conv-1", User: "alice"}, token.WorkerTokenTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+contract.PathGatewayPrefix+"/v1/messages",
+		strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set(contract.HeaderWorkerToken, tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var env anthropic.ErrorEnvelope
+	if err := json.Unmarshal(body, &env); err != nil || resp.StatusCode != http.StatusBadGateway ||
+		!strings.Contains(env.Error.Message, "model upstream http://"+ln.Addr().String()) {
+		t.Fatalf("got %d %s, want a 502 naming the upstream", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), "secret.key") || strings.Contains(string(body), "SSH-2.0") {
+		t.Errorf("the upstream's bytes reached the client: %s", body)
+	}
+	if !strings.Contains(logs.String(), "secret.key") {
+		t.Errorf("the cause is not in the log:\n%s", logs.String())
 	}
 }

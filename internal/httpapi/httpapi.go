@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -49,8 +50,13 @@ type Error struct {
 	Details map[string]any
 }
 
+// Error is "<status> <type>: <message>: <cause>", without the message when
+// the cause already says it (a worker's refusal passed on, say).
 func (e *Error) Error() string {
 	if e.Err != nil {
+		if cause := e.Err.Error(); strings.Contains(cause, e.Msg) {
+			return fmt.Sprintf("%d %s: %s", e.Status, e.Type, cause)
+		}
 		return fmt.Sprintf("%d %s: %s: %v", e.Status, e.Type, e.Msg, e.Err)
 	}
 	return fmt.Sprintf("%d %s: %s", e.Status, e.Type, e.Msg)
@@ -284,12 +290,62 @@ func DecodeJSON(r *http.Request, body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return Wrap(http.StatusBadRequest, contract.ErrTypeInvalidRequest, "malformed JSON body: "+err.Error(), err)
+		return Wrap(http.StatusBadRequest, contract.ErrTypeInvalidRequest, "malformed JSON body: "+jsonProblem(err), err)
 	}
 	if dec.More() {
 		return BadRequest("malformed JSON body: trailing data after the object")
 	}
 	return nil
+}
+
+// jsonProblem says what is wrong with a JSON body in the client's terms
+// (field names as the body spells them, JSON kinds), not in Go's: no Go type
+// or struct names.
+func jsonProblem(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "empty body"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "unexpected end of the body"
+	case errors.As(err, &syn):
+		return fmt.Sprintf("invalid JSON at byte %d", syn.Offset)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return fmt.Sprintf("the body is a JSON %s, want %s", typ.Value, jsonKind(typ.Type))
+		}
+		return fmt.Sprintf("field %q is a JSON %s, want %s", typ.Field, typ.Value, jsonKind(typ.Type))
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return "unknown field " + f
+	}
+	return "not a valid JSON object of this request"
+}
+
+// jsonKind is the JSON kind a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	}
+	return "another value"
 }
 
 // NewServer returns an http.Server with the platform's hardening: bounded

@@ -46,20 +46,31 @@ func TestWriteErrorShape(t *testing.T) {
 }
 
 func TestDecodeJSON(t *testing.T) {
+	type inner struct {
+		N int `json:"n"`
+	}
 	type v struct {
 		A string `json:"a"`
+		I *inner `json:"i"`
 	}
 	cases := []struct {
 		ct, body   string
 		wantStatus int
+		// wantMsg is the client's message: in JSON's terms, never Go's.
+		wantMsg string
 	}{
-		{"application/json", `{"a":"x"}`, 0},
-		{"", `{"a":"x"}`, 0},
-		{"application/json; charset=utf-8", `{"a":"x"}`, 0},
-		{"text/plain", `{"a":"x"}`, http.StatusUnsupportedMediaType},
-		{"application/json", `{"a":"x","b":1}`, http.StatusBadRequest},
-		{"application/json", `{"a":"x"} {}`, http.StatusBadRequest},
-		{"application/json", `{"a":`, http.StatusBadRequest},
+		{"application/json", `{"a":"x"}`, 0, ""},
+		{"", `{"a":"x"}`, 0, ""},
+		{"application/json; charset=utf-8", `{"a":"x"}`, 0, ""},
+		{"text/plain", `{"a":"x"}`, http.StatusUnsupportedMediaType, ""},
+		{"application/json", `{"a":"x","b":1}`, http.StatusBadRequest, `malformed JSON body: unknown field "b"`},
+		{"application/json", `{"a":"x"} {}`, http.StatusBadRequest, "malformed JSON body: trailing data after the object"},
+		{"application/json", `{"a":`, http.StatusBadRequest, "malformed JSON body: unexpected end of the body"},
+		{"application/json", ``, http.StatusBadRequest, "malformed JSON body: empty body"},
+		{"application/json", `{"a":x}`, http.StatusBadRequest, "malformed JSON body: invalid JSON at byte 6"},
+		{"application/json", `{"a":5}`, http.StatusBadRequest, `malformed JSON body: field "a" is a JSON number, want a string`},
+		{"application/json", `{"i":{"n":"7"}}`, http.StatusBadRequest, `malformed JSON body: field "i.n" is a JSON string, want an integer`},
+		{"application/json", `["a"]`, http.StatusBadRequest, `malformed JSON body: the body is a JSON array, want an object`},
 	}
 	for _, tc := range cases {
 		r := httptest.NewRequest("POST", "/", nil)
@@ -74,6 +85,8 @@ func TestDecodeJSON(t *testing.T) {
 			t.Errorf("%q %q: got %v", tc.ct, tc.body, err)
 		case tc.wantStatus != 0 && (!errors.As(err, &he) || he.Status != tc.wantStatus):
 			t.Errorf("%q %q: got %v, want status %d", tc.ct, tc.body, err, tc.wantStatus)
+		case tc.wantMsg != "" && he.Msg != tc.wantMsg:
+			t.Errorf("%q %q: message %q, want %q", tc.ct, tc.body, he.Msg, tc.wantMsg)
 		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package twobuilds
+
+import _ "net/http/httptrace"
