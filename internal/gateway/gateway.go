@@ -353,7 +353,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 			"the gateway forwards only /v1/messages and /v1/messages/count_tokens")
 	}
 	if r.Method != http.MethodPost {
-		return nil, refused("method", http.StatusMethodNotAllowed, anthropic.ErrInvalidRequest, "method not allowed")
+		ref := refused("method", http.StatusMethodNotAllowed, anthropic.ErrInvalidRequest, "method not allowed")
+		ref.err.Header = http.Header{"Allow": {http.MethodPost}}
+		return nil, ref
 	}
 	raw := r.Header.Get(contract.HeaderWorkerToken)
 	if raw == "" {

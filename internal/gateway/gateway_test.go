@@ -278,7 +278,11 @@ func TestGatewayRefusesOtherPathsAndMethods(t *testing.T) {
 			if tc.method != http.MethodGet {
 				body = strings.NewReader(messagesBody(false, 16))
 			}
-			checkEnvelope(t, do(t, f.request(t.Context(), t, tc.method, tc.path, tok, body)), tc.status, tc.typ)
+			got := do(t, f.request(t.Context(), t, tc.method, tc.path, tok, body))
+			checkEnvelope(t, got, tc.status, tc.typ)
+			if tc.status == http.StatusMethodNotAllowed && got.header.Get("Allow") != http.MethodPost {
+				t.Errorf("Allow: got %q, want POST (RFC 9110 §15.5.6)", got.header.Get("Allow"))
+			}
 		})
 	}
 	if n := f.rec.arrivals.Load(); n != 0 {

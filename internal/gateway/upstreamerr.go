@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/talkide/talkide/internal/anthropic"
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
 )
 
@@ -172,6 +173,12 @@ func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path st
 		e.Header = http.Header{"X-Should-Retry": {"false"}}
 	}
 	h.m.request(path, e.Status)
+	// r is the request to the upstream (httputil.ReverseProxy's): log the
+	// path the client called, as the gateway's other lines do.
+	if path != "other" {
+		r = r.Clone(r.Context())
+		r.URL.Path, r.URL.RawPath = contract.PathGatewayPrefix+path, ""
+	}
 	t := h.errs
 	t.LogMsg = "gateway upstream failed"
 	t.Write(w, r, e)
