@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"io"
@@ -141,6 +142,11 @@ func TestUpstreamGarbageIsNotQuoted(t *testing.T) {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			// Answer the whole request (not before: a connection that speaks
+			// first is only dropped as idle), then hang up.
+			if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+				io.Copy(io.Discard, req.Body)
 			}
 			io.WriteString(c, "SSH-2.0-OpenSSH_9.6 /etc/talkide/secret.key\r\n\r\n")
 			c.Close()

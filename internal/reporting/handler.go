@@ -129,7 +129,7 @@ func (h *Handler) CreateIssue() http.Handler {
 		}
 		ack, err := h.store.CreateIssue(r.Context(), sc, c, hash)
 		if err == nil && !ack.Duplicate {
-			h.log.Info("issue filed", "tenant", sc.Tenant, "env", sc.Env, "conversation", sc.Conversation, "issue", ack.Issue.Number)
+			h.log.InfoContext(r.Context(), "issue filed", "tenant", sc.Tenant, "env", sc.Env, "conversation", sc.Conversation, "issue", ack.Issue.Number)
 		}
 		return h.answer(w, ack, err)
 	})
