@@ -30,12 +30,21 @@ type Package struct {
 	Standard   bool
 }
 
+// ImageBuild is the images' Go environment (internal/imagebuild's
+// goBuildEnv, which a test there holds equal): no go env file, no GOFLAGS,
+// no cgo, linux/amd64.
+var ImageBuild = []string{
+	"GOENV=off", "GOWORK=off", "GOFLAGS=",
+	"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOAMD64=v1",
+	"GOEXPERIMENT=", "GOFIPS140=off",
+}
+
 // Builds are the build settings Deps lists under, added to the test's
-// environment: the host's (cgo on, as go build has it where a C compiler
-// is) and the images' (no cgo, linux/amd64: internal/imagebuild's
-// goBuildEnv), since a file with a build constraint may import something
-// under one and not the other.
-var Builds = [][]string{{"CGO_ENABLED=1"}, {"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}}
+// environment: the host's as make build sees it (cgo on, as go build has
+// it where a C compiler is) and the images' (ImageBuild), since a file
+// with a build constraint may import something under one and not the
+// other.
+var Builds = [][]string{{"CGO_ENABLED=1"}, ImageBuild}
 
 // Deps returns every package that the package pkg (a pattern for go list,
 // such as "." or "./cmd/talkide-worker", resolved from the test's working

@@ -25,3 +25,16 @@ func TestDepsUnderEveryBuild(t *testing.T) {
 		t.Errorf("root %+v: want the package last with the imports of both builds", root)
 	}
 }
+
+// TestDepsIgnoreTheTestsGOFLAGS: a file that ships in the images is
+// listed even when the tests run with GOFLAGS that exclude it.
+func TestDepsIgnoreTheTestsGOFLAGS(t *testing.T) {
+	t.Setenv("GOFLAGS", "-tags=localdev")
+	var paths []string
+	for _, p := range Deps(t, "./testdata/tagged") {
+		paths = append(paths, p.ImportPath)
+	}
+	if !slices.Contains(paths, "net/http/cookiejar") {
+		t.Errorf("Deps: net/http/cookiejar missing from %v", paths)
+	}
+}

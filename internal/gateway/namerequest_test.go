@@ -31,6 +31,11 @@ func TestNameRequest(t *testing.T) {
 		{"already named", `{"type":"error","error":{"type":"x","message":"m (request req_abc)"}}`, "", 400, nil},
 		{"not an error envelope", `{"type":"message","error":{"message":"m"}}`, "", 400, nil},
 		{"message not a string", `{"type":"error","error":{"message":5}}`, "", 400, nil},
+		{"message null", `{"type":"error","error":{"type":"api_error","message":null}}`, "", 400, nil},
+		{"message twice", `{"type":"error","error":{"message":"first","message":"second"}}`, "", 400, nil},
+		{"error twice", `{"type":"error","error":{"message":"a"},"error":{"message":"b"}}`, "", 400, nil},
+		{"an id that is part of the message only", `{"type":"error","error":{"message":"req_abc failed"}}`,
+			`{"type":"error","error":{"message":"req_abc failed (request req_abc)"}}`, 400, nil},
 		{"not JSON", `<html>bad gateway</html>`, "", 502, nil},
 		{"a success", `{"type":"error","error":{"message":"m"}}`, "", 200, nil},
 		{"compressed", gz.String(), "", 500, http.Header{"Content-Encoding": {"gzip"}}},
@@ -61,4 +66,27 @@ func TestNameRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzNameRequest: whatever the upstream sends, valid JSON stays valid
+// JSON and a body that was not named passes byte for byte.
+func FuzzNameRequest(f *testing.F) {
+	f.Add([]byte(`{"type":"error","error":{"type":"api_error","message":"boom"}}`))
+	f.Add([]byte(`{"type":"error","error":{"message":null}}`))
+	f.Add([]byte(`{"error":{"details":{"message":"x"},"message":"\u00e9\"q"},"type":"error"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		resp := &http.Response{StatusCode: 500, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body))}
+		nameRequest(resp, "req_fuzz")
+		got, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if json.Valid(body) && !json.Valid(got) {
+			t.Fatalf("valid %q became invalid %q", body, got)
+		}
+		if !bytes.Equal(got, body) && (!bytes.Contains(got, []byte(" (request req_fuzz)")) || len(got) != int(resp.ContentLength)) {
+			t.Fatalf("%q changed into %q (length %d)", body, got, resp.ContentLength)
+		}
+	})
 }

@@ -215,7 +215,7 @@ func nameRequest(resp *http.Response, id string) {
 		return
 	}
 	start, end, msg, ok := errorMessageAt(b)
-	if !ok || strings.Contains(msg, id) {
+	if !ok || strings.HasSuffix(msg, " (request "+id+")") {
 		rest()
 		return
 	}
@@ -229,10 +229,12 @@ func nameRequest(resp *http.Response, id string) {
 
 // errorMessageAt finds error.message in b, an Anthropic error envelope
 // ({"type":"error","error":{...,"message":"..."}}): the offsets of its JSON
-// string literal and its value. ok is false for anything else.
+// string literal and its value. ok is false for anything else, and for an
+// envelope with "error" or "message" twice (parsers keep the last one, so
+// naming the first would name the copy a client ignores).
 func errorMessageAt(b []byte) (start, end int, msg string, ok bool) {
 	dec := json.NewDecoder(bytes.NewReader(b))
-	isError, found := false, false
+	isError, found, errorKeys := false, false, 0
 	object := func(each func(key string) error) error {
 		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 			return errors.New("not an object")
@@ -260,16 +262,25 @@ func errorMessageAt(b []byte) (start, end int, msg string, ok bool) {
 			isError = t == "error"
 			return nil
 		case "error":
+			if errorKeys++; errorKeys > 1 {
+				return errors.New(`"error" twice`)
+			}
 			return object(func(key string) error {
-				if key != "message" || found {
+				if key != "message" {
 					return skip()
 				}
-				after := int(dec.InputOffset())
-				if err := dec.Decode(&msg); err != nil {
+				if found {
+					return errors.New(`"message" twice`)
+				}
+				var raw json.RawMessage
+				if err := dec.Decode(&raw); err != nil {
 					return err
 				}
+				if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &msg) != nil {
+					return errors.New("message is not a string")
+				}
 				end = int(dec.InputOffset())
-				start = after + bytes.IndexByte(b[after:end], '"')
+				start = end - len(raw)
 				found = true
 				return nil
 			})

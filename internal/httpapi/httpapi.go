@@ -204,8 +204,8 @@ func AnthropicBody(w http.ResponseWriter, r *http.Request, e *Error) {
 	msg := e.Msg
 	if id != "" {
 		w.Header().Set("request-id", id)
-		if !strings.Contains(msg, id) {
-			msg += " (request " + id + ")"
+		if suffix := " (request " + id + ")"; !strings.HasSuffix(msg, suffix) {
+			msg += suffix
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -292,7 +292,7 @@ func DecodeJSON(r *http.Request, body []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return Wrap(http.StatusBadRequest, contract.ErrTypeInvalidRequest, "malformed JSON body: "+jsonProblem(err), err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return BadRequest("malformed JSON body: trailing data after the object")
 	}
 	return nil
