@@ -31,6 +31,27 @@ func gatewayTo(t *testing.T, upstream string) (*gateway.Handler, *httptest.Serve
 	return gatewayLogging(t, upstream, slog.New(slog.DiscardHandler))
 }
 
+// postMessages sends a streamed messages call with a WorkerToken signed by
+// master to the gateway srv and returns its answer and body.
+func postMessages(t *testing.T, srv *httptest.Server, master token.MasterKey) (*http.Response, []byte) {
+	t.Helper()
+	tok, err := token.NewSigner(token.PurposeGateway, master.Derive(token.PurposeGateway, "", "")).
+		Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: "conv-1", User: "alice"}, token.WorkerTokenTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+contract.PathGatewayPrefix+"/v1/messages",
+		strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set(contract.HeaderWorkerToken, tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
+}
+
 // gatewayLogging is gatewayTo logging to log.
 func gatewayLogging(t *testing.T, upstream string, log *slog.Logger) (*gateway.Handler, *httptest.Server, token.MasterKey) {
 	t.Helper()
@@ -83,20 +104,7 @@ func TestUnreachableUpstreamIsNamed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gw, srv, master := gatewayTo(t, tc.upstream)
-			tok, err := token.NewSigner(token.PurposeGateway, master.Derive(token.PurposeGateway, "", "")).
-				Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: "conv-1", User: "alice"}, token.WorkerTokenTTL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+contract.PathGatewayPrefix+"/v1/messages",
-				strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-			req.Header.Set(contract.HeaderWorkerToken, tok)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			resp, body := postMessages(t, srv, master)
 			var env anthropic.ErrorEnvelope
 			if err := json.Unmarshal(body, &env); err != nil || resp.StatusCode != http.StatusBadGateway || env.Error.Type != anthropic.ErrAPI {
 				t.Fatalf("got %d %s, want 502 api_error in Anthropic's envelope", resp.StatusCode, body)
@@ -154,20 +162,7 @@ func TestUpstreamGarbageIsNotQuoted(t *testing.T) {
 	}()
 	logs := &platformtest.LogBuffer{}
 	_, srv, master := gatewayLogging(t, "http://"+ln.Addr().String(), slog.New(slog.NewJSONHandler(logs, nil)))
-	tok, err := token.NewSigner(token.PurposeGateway, master.Derive(token.PurposeGateway, "", "")).
-		Sign(token.Claims{Tenant: "acme", Env: "dev", Conversation: "conv-1", User: "alice"}, token.WorkerTokenTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+contract.PathGatewayPrefix+"/v1/messages",
-		strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`))
-	req.Header.Set(contract.HeaderWorkerToken, tok)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, body := postMessages(t, srv, master)
 	var env anthropic.ErrorEnvelope
 	if err := json.Unmarshal(body, &env); err != nil || resp.StatusCode != http.StatusBadGateway ||
 		!strings.Contains(env.Error.Message, "model upstream http://"+ln.Addr().String()) {
