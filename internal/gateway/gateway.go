@@ -338,10 +338,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath string,
 	}
 	h.m.deny(f.reason)
 	h.m.request(apiPath, f.err.Status)
-	t := h.errs
-	t.Log = t.Log.With("reason", f.reason)
-	t.LogMsg = "gateway refused call"
-	t.Write(w, r, f.err)
+	h.errs.With("gateway refused call", "reason", f.reason).Write(w, r, f.err)
 }
 
 // admit checks the call and reserves its budget. It returns the call to

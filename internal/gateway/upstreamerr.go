@@ -179,9 +179,7 @@ func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path st
 		r = r.Clone(r.Context())
 		r.URL.Path, r.URL.RawPath = contract.PathGatewayPrefix+path, ""
 	}
-	t := h.errs
-	t.LogMsg = "gateway upstream failed"
-	t.Write(w, r, e)
+	h.errs.With("gateway upstream failed").Write(w, r, e)
 }
 
 // maxNamedErrorBody bounds the upstream error bodies nameRequest rewrites.

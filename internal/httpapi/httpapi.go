@@ -117,6 +117,18 @@ type Translator struct {
 	LogMsg string
 }
 
+// With returns t whose log line says msg (t's own when msg is "") and
+// carries the attributes args, for one kind of failure of a family.
+func (t Translator) With(msg string, args ...any) Translator {
+	if msg != "" {
+		t.LogMsg = msg
+	}
+	if len(args) > 0 {
+		t.Log = t.Log.With(args...)
+	}
+	return t
+}
+
 // Platform returns the Translator of the platform's own JSON APIs.
 func Platform(log *slog.Logger) Translator { return Translator{Log: log} }
 

@@ -174,10 +174,7 @@ func (s *Server) serveCall(w http.ResponseWriter, r *http.Request) {
 		if !errors.As(err, &he) {
 			he = httpapi.Wrap(http.StatusBadGateway, anthropic.ErrAPI, "gateway unavailable", err)
 		}
-		t := s.errs
-		t.Log = t.Log.With("conversation", conv)
-		t.LogMsg = "local proxy could not prepare request"
-		t.Write(w, r, he)
+		s.errs.With("local proxy could not prepare request", "conversation", conv).Write(w, r, he)
 		return
 	}
 	u.RawQuery = r.URL.RawQuery
@@ -263,9 +260,7 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		status, typ = http.StatusGatewayTimeout, anthropic.ErrTimeout
 	}
-	t := s.errs
-	t.LogMsg = "local proxy upstream failed"
-	t.Write(w, r, httpapi.Wrap(status, typ, "gateway unreachable", err))
+	s.errs.With("local proxy upstream failed").Write(w, r, httpapi.Wrap(status, typ, "gateway unreachable", err))
 }
 
 // NoOpGatewayProxy forwards straight to an Anthropic-compatible upstream with
