@@ -1,11 +1,17 @@
 // Package httpapi holds the HTTP plumbing every TalkIDE server shares:
-// handlers that return errors, the one translator that logs an error once and
-// answers in the documented JSON shape (contract.ErrorBody), bounded JSON
-// request decoding, and hardened http.Server settings.
+// handlers that return errors; one error type and, per API family, one
+// translator that logs an error once and answers it in the family's shape
+// (the platform's JSON, contract.ErrorBody, or Anthropic's error envelope
+// on the gateway-proxy and the local proxy); request ids; bounded JSON
+// request decoding; panics turned into 500s; and hardened http.Server
+// settings.
 //
-// Main types: Error (a safe client message kept apart from the logged cause),
-// HandlerFunc (an http handler that returns an error) and Server settings via
-// NewServer. It does not route, authenticate or know any endpoint.
+// Main types: Error (a safe client message kept apart from the logged
+// cause), Translator (an API family's error path: Write, Handle, Recover,
+// Routes) with its body writers PlatformBody and AnthropicBody, HandlerFunc
+// (an http handler that returns an error), RequestIDs and AdoptRequestID,
+// and Server settings via NewServer. It does not route, authenticate or
+// know any endpoint.
 package httpapi
 
 import (
