@@ -185,9 +185,10 @@ func New(cfg Config) *Handler {
 			ForceAttemptHTTP2:     true,
 		}
 	}
-	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: cfg.Logger, m: cfg.Metrics}
+	// Lines logged with a call's context carry its request id.
+	h := &Handler{cfg: cfg, verifier: token.NewVerifier(token.PurposeGateway, cfg.Keys...), log: httpapi.WithRequestIDs(cfg.Logger), m: cfg.Metrics}
 	h.stopping, h.stop = context.WithCancel(context.Background())
-	h.errs = httpapi.Translator{Log: httpapi.WithRequestIDs(cfg.Logger), Body: httpapi.AnthropicBody}
+	h.errs = httpapi.Translator{Log: h.log, Body: httpapi.AnthropicBody}
 	h.serve = h.errs.Recover(http.HandlerFunc(h.serveCall))
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
@@ -308,9 +309,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	reqID := httpapi.RequestID(r.Context())
 	apiPath := strings.TrimPrefix(r.URL.Path, contract.PathGatewayPrefix)
-	c, ref := h.admit(w, r, apiPath, reqID, start)
+	c, ref := h.admit(w, r, apiPath, start)
 	if ref != nil {
 		h.refuse(w, r, apiPath, ref)
 		return
@@ -344,7 +344,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, apiPath string,
 // admit checks the call and reserves its budget. It returns the call to
 // forward, or the refusal to answer, or neither when the client is gone.
 // On success r's body is replaced by the bytes read.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID string, start time.Time) (*call, *refusal) {
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath string, start time.Time) (*call, *refusal) {
 	if !contract.GatewayForwards(apiPath) {
 		return nil, refused("not_found", http.StatusNotFound, anthropic.ErrNotFound,
 			"the gateway forwards only /v1/messages and /v1/messages/count_tokens")
@@ -360,8 +360,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 	}
 	claims, err := h.verifier.Verify(raw)
 	if err != nil {
+		// A warning, as at the mint and the worker (a forged or foreign
+		// credential is worth an alert); the cause is on the error line.
+		h.log.WarnContext(r.Context(), "gateway refused worker token", "token", token.Fingerprint(raw))
 		ref := refused("auth", http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid or expired worker token")
-		ref.err.Err = fmt.Errorf("worker token %s: %w", token.Fingerprint(raw), err)
+		ref.err.Err = err
 		if errors.Is(err, token.ErrExpired) || errors.Is(err, token.ErrNotYetValid) {
 			// Sending the same request again sends the same token: an
 			// Anthropic SDK talking to the gateway directly must not
@@ -378,7 +381,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath, reqID s
 	}
 	// A WorkerToken checks out: the id the worker's local proxy sent for
 	// this model call names it here too.
-	reqID = httpapi.AdoptRequestID(w, r)
+	reqID := httpapi.AdoptRequestID(w, r)
 	if claims.Conversation == "" || claims.User == "" {
 		return nil, refused("forbidden", http.StatusForbidden, anthropic.ErrPermission, "worker token not scoped to a conversation")
 	}
