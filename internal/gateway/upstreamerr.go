@@ -213,11 +213,11 @@ func nameRequest(resp *http.Response, id string) {
 		return
 	}
 	start, end, msg, ok := errorMessageAt(b)
-	if !ok || strings.HasSuffix(msg, " (request "+id+")") {
+	if !ok || httpapi.NamedMessage(msg, id) == msg {
 		rest()
 		return
 	}
-	named, _ := json.Marshal(msg + " (request " + id + ")")
+	named, _ := json.Marshal(httpapi.NamedMessage(msg, id))
 	nb := append(append(append(make([]byte, 0, len(b)+len(named)), b[:start]...), named...), b[end:]...)
 	orig.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(nb))

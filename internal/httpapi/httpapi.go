@@ -222,9 +222,7 @@ func AnthropicBody(w http.ResponseWriter, r *http.Request, e *Error) {
 	msg := e.Msg
 	if id != "" {
 		w.Header().Set("request-id", id)
-		if suffix := " (request " + id + ")"; !strings.HasSuffix(msg, suffix) {
-			msg += suffix
-		}
+		msg = NamedMessage(msg, id)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
@@ -233,6 +231,16 @@ func AnthropicBody(w http.ResponseWriter, r *http.Request, e *Error) {
 		Error:     anthropic.ErrorDetail{Type: AnthropicType(e.Status, e.Type), Message: msg, Details: e.Details},
 		RequestID: id,
 	})
+}
+
+// NamedMessage is msg ending with " (request <id>)", as every error in
+// Anthropic's envelope is answered (AnthropicBody; the gateway names an
+// upstream's errors too): msg itself when it already ends so.
+func NamedMessage(msg, id string) string {
+	if suffix := " (request " + id + ")"; !strings.HasSuffix(msg, suffix) {
+		return msg + suffix
+	}
+	return msg
 }
 
 // AnthropicType is typ when it is one of Anthropic's error types, else the
