@@ -14,6 +14,9 @@ BIN := $(CURDIR)/bin
 # one place; internal/kubetest embeds the same file and names the same dir.
 include internal/kubetest/versions.env
 K8S_BIN_DIR := $(CURDIR)/.cache/k8s/k8s-$(K8S_VERSION)_etcd-$(ETCD_VERSION)_kwok-$(KWOK_VERSION)
+# The real node's (kubelet, kube-proxy, containerd, runc, CNI plugins,
+# CoreDNS), pinned in the same file; kubetest.NodeKey names the same dir.
+NODE_BIN_DIR := $(CURDIR)/.cache/k8s/node-k8s-$(K8S_VERSION)_containerd-$(CONTAINERD_VERSION)_runc-$(RUNC_VERSION)_cni-$(CNI_PLUGINS_VERSION)_coredns-$(COREDNS_VERSION)
 # Helm's pinned versions (4 and 3) live in deploy/versions.env; the chart tests
 # read the same file.
 include deploy/versions.env
@@ -165,22 +168,55 @@ images: tools web
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's binaries from the Go module proxy into
-## .cache/k8s/<versions>/ (git-ignored); a no-op while the versions are unchanged
-.PHONY: cluster-bins cluster cluster-down
-cluster-bins: $(K8S_BIN_DIR)/.stamp
+## .cache/k8s/<versions>/ and the real node's into .cache/k8s/node-<versions>/
+## (git-ignored); a no-op while the versions are unchanged
+.PHONY: cluster-bins cluster cluster-down cluster-demo node-tools
+cluster-bins: $(K8S_BIN_DIR)/.stamp $(NODE_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
 	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 20 to 45 minutes on 2 cores with an empty Go build cache, about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
-## cluster: start the test cluster in the background and print KUBECONFIG=<path>
-## (its kubectl is in $(K8S_BIN_DIR)); cluster-down stops it
+# The stamp is the one EnsureNodeBuilt writes when the set is complete.
+$(NODE_BIN_DIR)/.stamp: | node-tools $(K8S_BIN_DIR)/.stamp
+	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; about 7 minutes after the cluster's binaries (their build cache is shared), 20 on its own. This is normal."
+	nice -n 10 $(GO) run ./scripts/cluster node-bins
+
+## node-tools: Debian's packages the real node needs to build and run (as
+## root via apt-get): libseccomp-dev (runc), iptables and conntrack
+## (kube-proxy), bindfs and fuse3 (the NFS stand-in), busybox-static (a
+## test image)
+node-tools:
+	@missing=""; for c in iptables:iptables conntrack:conntrack bindfs:bindfs fusermount3:fuse3 busybox:busybox-static; do \
+		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
+	[ -r /usr/include/seccomp.h ] || missing="$$missing libseccomp-dev"; \
+	[ -z "$$missing" ] || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's$$missing (the test cluster's real node; about 20 seconds)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq $$missing >/dev/null; \
+		else \
+			echo "the test cluster's real node needs Debian's$$missing: install them as root (apt-get install$$missing)" >&2; exit 1; \
+		fi; }
+
+## cluster: start the test cluster in the background, with a real node beside
+## the kwok nodes when run as root (kubelet, containerd, runc; the images of
+## `make images` loaded), and print KUBECONFIG=<path> (its kubectl is in
+## $(K8S_BIN_DIR)); cluster-down stops it and leaves nothing behind
 cluster: cluster-bins
 	@$(GO) run ./scripts/cluster up
 
 cluster-down:
 	@$(GO) run ./scripts/cluster down
+
+## cluster-demo: the operator's path on this machine, in one command: builds
+## what is missing, starts the test cluster with its real node (root), loads
+## the images of `make images`, installs the chart (the development upstream
+## standing in for Anthropic), provisions tenant demo/dev on the real node and
+## prints KUBECONFIG=<path> and URL=<address>#token=<token>; make cluster-down
+## removes all of it
+cluster-demo: cluster-bins images helm
+	@$(GO) run ./scripts/cluster demo -helm $(HELM)
 
 clean:
 	rm -rf $(BIN) .talkide

@@ -20,6 +20,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/kubename"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/provision"
 )
@@ -45,6 +46,26 @@ func provisionFromEnv(cfg *controlplane.Config) error {
 		p.ControlPlaneNamespace = os.Getenv("POD_NAMESPACE")
 	}
 	p.HostUIDDir = os.Getenv("TALKIDE_WORKER_HOST_UID_DIR")
+	switch v := os.Getenv("TALKIDE_WORKER_USER_NAMESPACE"); v {
+	case "", "false":
+	case "true":
+		p.UserNamespace = true
+	default:
+		return fmt.Errorf("TALKIDE_WORKER_USER_NAMESPACE %q: want true or false", v)
+	}
+	p.RuntimeClass = os.Getenv("TALKIDE_WORKER_RUNTIME_CLASS")
+	for g := range strings.SplitSeq(os.Getenv("TALKIDE_WORKER_CONTAINMENT_REQUIRE"), ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			p.ContainmentRequire = append(p.ContainmentRequire, g)
+		}
+	}
+	var err error
+	if p.NodeSelector, err = kubename.ParseSelector(os.Getenv("TALKIDE_WORKER_NODE_SELECTOR")); err != nil {
+		return fmt.Errorf("TALKIDE_WORKER_NODE_SELECTOR: %w", err)
+	}
+	if p.Tolerations, err = kubename.ParseTolerations(os.Getenv("TALKIDE_WORKER_TOLERATIONS")); err != nil {
+		return fmt.Errorf("TALKIDE_WORKER_TOLERATIONS: %w", err)
+	}
 	if v := os.Getenv("TALKIDE_WORKER_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 10 {

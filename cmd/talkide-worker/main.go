@@ -131,8 +131,13 @@ func configFromEnv() (worker.Config, error) {
 			*dst = d
 		}
 	}
-	if cfg.HostUIDDir == "" {
+	switch cfg.HostUIDDir {
+	case "":
 		cfg.HostUIDDir = sandbox.DefaultHostUIDDir
+	case "none":
+		// A pod in a user namespace of its own: its uids are its alone on
+		// the node, so no node-wide claims.
+		cfg.HostUIDDir = ""
 	}
 	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents,
 		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversations, "TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser,

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -31,7 +30,6 @@ import (
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
-	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -223,86 +221,10 @@ func (p *platform) call(method, path string, in any, out any) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// watcher follows a conversation's browser stream, reconnecting with
-// Last-Event-ID whenever it breaks, and records what it got.
-type watcher struct {
-	conv string
-
-	mu sync.Mutex
-	// ids are the event ids received, in order; evs the events; both
-	// guarded by mu.
-	ids  []int64
-	evs  []contract.Event
-	cond *sync.Cond
-}
-
-func (p *platform) watch(ctx context.Context, conv string) *watcher {
-	w := &watcher{conv: conv}
-	w.cond = sync.NewCond(&w.mu)
-	go func() {
-		for ctx.Err() == nil {
-			w.mu.Lock()
-			last := int64(0)
-			if n := len(w.ids); n > 0 {
-				last = w.ids[n-1]
-			}
-			w.mu.Unlock()
-			req, _ := http.NewRequestWithContext(ctx, "GET", p.url+"/api/conversations/"+conv+"/stream", nil)
-			req.Header.Set("Authorization", "Bearer "+p.userToken)
-			req.Header.Set("Last-Event-ID", fmt.Sprint(last))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			r := sse.NewReader(bufio.NewReader(resp.Body))
-			for {
-				e, err := r.Next()
-				if err != nil {
-					break
-				}
-				var ev contract.Event
-				if json.Unmarshal(e.Data, &ev) != nil {
-					continue
-				}
-				w.mu.Lock()
-				w.ids = append(w.ids, ev.ID)
-				w.evs = append(w.evs, ev)
-				w.cond.Broadcast()
-				w.mu.Unlock()
-			}
-			resp.Body.Close()
-		}
-	}()
-	return w
-}
-
-// turnEnd waits until the stream holds the end (turn_completed or
-// turn_failed) of client message id, and returns it.
-func (w *watcher) turnEnd(id string, timeout time.Duration) (contract.Event, bool) {
-	deadline := time.Now().Add(timeout)
-	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
-	defer timer.Stop()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for {
-		for _, ev := range w.evs {
-			if ev.Type != contract.EventTurnCompleted && ev.Type != contract.EventTurnFailed {
-				continue
-			}
-			var m struct {
-				ClientMessageID string `json:"client_message_id"`
-			}
-			json.Unmarshal(ev.Data, &m)
-			if m.ClientMessageID == id {
-				return ev, true
-			}
-		}
-		if time.Now().After(deadline) {
-			return contract.Event{}, false
-		}
-		w.cond.Wait()
-	}
+// watch follows a conversation's browser stream, reconnecting with
+// Last-Event-ID whenever it breaks (platformtest.Watcher).
+func (p *platform) watch(ctx context.Context, conv string) *platformtest.Watcher {
+	return (&platformtest.Platform{T: p.t, URL: p.url, UserToken: p.userToken}).Watch(ctx, conv)
 }
 
 // send posts a message, retrying the same client message id while the
@@ -326,7 +248,7 @@ func TestChaos(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var ids []string
-	watchers := map[string]*watcher{}
+	watchers := map[string]*platformtest.Watcher{}
 	for range *convs {
 		var c struct{ ID string }
 		if st, err := p.call("POST", "/api/conversations", map[string]string{"tenant": "demo", "env": "dev"}, &c); err != nil || st != 201 {
@@ -409,7 +331,7 @@ func TestChaos(t *testing.T) {
 					return
 				}
 				turns.Add(1)
-				ev, ok := w.turnEnd(msgID, 180*time.Second)
+				ev, ok := w.TurnEnd(msgID, 180*time.Second)
 				if !ok {
 					t.Errorf("%s: turn %s never ended (stuck)", conv, msgID)
 					return
@@ -436,7 +358,7 @@ func TestChaos(t *testing.T) {
 		if err := p.send(conv, "final", "please run `echo final-check`"); err != nil {
 			t.Fatal(err)
 		}
-		ev, ok := watchers[conv].turnEnd("final", 120*time.Second)
+		ev, ok := watchers[conv].TurnEnd("final", 120*time.Second)
 		if !ok || ev.Type != contract.EventTurnCompleted {
 			t.Errorf("%s: final turn: %s %s", conv, ev.Type, ev.Data)
 			continue
@@ -475,27 +397,20 @@ func TestChaos(t *testing.T) {
 		}
 		stored, _ := logRd.Since(0, 1<<30)
 		deadline := time.Now().Add(10 * time.Second)
-		for {
-			w.mu.Lock()
-			n := len(w.ids)
-			w.mu.Unlock()
-			if n >= len(stored) || time.Now().After(deadline) {
-				break
-			}
+		for len(w.Events()) < len(stored) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
-		w.mu.Lock()
+		got := w.Events()
 		seen := map[int64]int{}
-		for i, id := range w.ids {
-			seen[id]++
-			if seen[id] > 1 {
+		for i, ev := range got {
+			seen[ev.ID]++
+			if seen[ev.ID] > 1 {
 				dups++
 			}
-			if i > 0 && id != w.ids[i-1]+1 && seen[id] == 1 {
-				t.Errorf("%s: stream jumped from %d to %d", conv, w.ids[i-1], id)
+			if i > 0 && ev.ID != got[i-1].ID+1 && seen[ev.ID] == 1 {
+				t.Errorf("%s: stream jumped from %d to %d", conv, got[i-1].ID, ev.ID)
 			}
 		}
-		w.mu.Unlock()
 		for _, ev := range stored {
 			if seen[ev.ID] == 0 {
 				lost++

@@ -29,7 +29,7 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	if err := p.send(c.ID, "m1", "please run `"+cmd+"`"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := w.turnEnd("m1", 120*time.Second); !ok {
+	if _, ok := w.TurnEnd("m1", 120*time.Second); !ok {
 		t.Fatal("first turn never ended")
 	}
 	// The double fork's sleep may start just after the turn ends.
@@ -50,7 +50,7 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	if err := p.send(c.ID, "m2", "please run `echo after-crash`"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := w.turnEnd("m2", 120*time.Second); !ok {
+	if _, ok := w.TurnEnd("m2", 120*time.Second); !ok {
 		t.Fatal("the turn after the crash never ended")
 	}
 }

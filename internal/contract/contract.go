@@ -27,6 +27,9 @@ const (
 	PathStatus     = "/v1/conversations/{id}"                          // GET → 200 SessionStatus; DELETE → 200 SessionDeleted
 	PathEvents     = "/v1/conversations/{id}/events"                   // GET → text/event-stream of Event
 	PathPermission = "/v1/conversations/{id}/permissions/{request_id}" // POST PermissionAnswer → 200 PermissionResolved
+	// PathWorker describes the worker: the replica that answered and the
+	// agent-containment guarantees its host gives.
+	PathWorker = "/v1/worker" // GET → 200 WorkerInfo
 )
 
 // Control-plane paths the worker calls.

@@ -738,6 +738,7 @@ var workerPaths = []struct {
 	{"PathStatus", contract.PathStatus, "endpoint"},
 	{"PathPermission", contract.PathPermission, "endpoint"},
 	{"PathEvents", contract.PathEvents, "endpoint"},
+	{"PathWorker", contract.PathWorker, "endpoint"},
 	{"PathMint", contract.PathMint, "endpoint"},
 	{"PathGatewayPrefix", contract.PathGatewayPrefix, "prefix"},
 	{"PathGatewayMessages", contract.PathGatewayMessages, "gateway"},

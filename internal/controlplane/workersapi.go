@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -75,7 +76,13 @@ func (s *Server) registerWorkersAPI() {
 	}
 	s.mux.Handle("PUT /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Provision))
 	s.mux.Handle("DELETE /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Deprovision))
-	s.mux.Handle("GET /api/admin/workers/{tenant}/{env}", h((*provision.K8sWorkerProvisioner).Status))
+	s.mux.Handle("GET /api/admin/workers/{tenant}/{env}", h(func(p *provision.K8sWorkerProvisioner, ctx context.Context, tenant, env string) (provision.Status, error) {
+		st, err := p.Status(ctx, tenant, env)
+		if err == nil {
+			s.addContainment(ctx, &st)
+		}
+		return st, err
+	}))
 	s.mux.Handle("POST /api/admin/workers/{tenant}/{env}/rotate-identity", h((*provision.K8sWorkerProvisioner).RotateIdentity))
 	s.mux.Handle("GET /api/admin/workers", httpapi.Handle(s.log, auth(func(w http.ResponseWriter, r *http.Request) error {
 		p, err := s.provisioner()
@@ -97,6 +104,27 @@ func (s *Server) registerWorkersAPI() {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 		return nil
 	})))
+}
+
+// addContainment asks a worker with ready replicas what its agent
+// containment guarantees where it runs (GET /v1/worker, 3 s at most); a
+// worker that does not answer leaves the status without it.
+func (s *Server) addContainment(ctx context.Context, st *provision.Status) {
+	if st.ReadyReplicas == 0 {
+		return
+	}
+	c, err := s.workers.client(st.Tenant, st.Env)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "worker containment unknown: the worker did not answer", "tenant", st.Tenant, "env", st.Env, "err", err)
+		return
+	}
+	st.Containment = &info.Containment
 }
 
 func (s *Server) provisioner() (*provision.K8sWorkerProvisioner, error) {

@@ -45,12 +45,13 @@ const (
 const LabelRequires = "dev.talkide.runtime.requires"
 
 // WorkerRequires is the value of LabelRequires: the worker's pod spec as
-// internal/provision writes it (a user namespace in which the worker is
-// root, SYS_ADMIN in it, an unmasked /proc, no seccomp or AppArmor filter)
-// and the writable control group its agents' limits need.
-const WorkerRequires = "hostUsers=false; runAsUser=0 (root in the pod's user namespace only); " +
-	"capabilities.add=SYS_ADMIN; procMount=Unmasked; seccompProfile=Unconfined; " +
-	"appArmorProfile=Unconfined; a writable cgroup (v2 delegated) for agent limits"
+// internal/provision writes it (root with the capabilities that give agents
+// their uids and directories, no seccomp or AppArmor filter, so bubblewrap
+// may make user namespaces) and what gives the stronger guarantees where a
+// cluster allows (docs/deploying.md, "Choosing the worker's pod").
+const WorkerRequires = "runAsUser=0; capabilities=CHOWN,DAC_OVERRIDE,FOWNER,KILL,SETGID,SETUID; seccompProfile=Unconfined; " +
+	"appArmorProfile=Unconfined; stronger where given: hostUsers=false with procMount=Unmasked (a private /proc per agent; " +
+	"needs a session volume with idmapped mounts), a writable cgroup (a cgroup per agent)"
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

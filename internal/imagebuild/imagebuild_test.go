@@ -490,7 +490,7 @@ func TestWorkerImage(t *testing.T) {
 		t.Errorf("env %q, want /opt/claude-code on PATH", c.Env)
 	}
 	req := c.Labels[LabelRequires]
-	for _, want := range []string{"hostUsers=false", "SYS_ADMIN", "procMount=Unmasked", "seccompProfile=Unconfined", "appArmorProfile=Unconfined"} {
+	for _, want := range []string{"runAsUser=0", "SETUID", "seccompProfile=Unconfined", "appArmorProfile=Unconfined", "hostUsers=false with procMount=Unmasked"} {
 		if !strings.Contains(req, want) {
 			t.Errorf("label %s = %q, want %q in it", LabelRequires, req, want)
 		}

@@ -11,7 +11,13 @@
 // server.
 package kubename
 
-import "regexp"
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
 
 // Labels on the objects of a tenant-env.
 const (
@@ -49,3 +55,48 @@ var digestPinned = regexp.MustCompile(`^[a-z0-9][-a-z0-9._/:]*@sha256:[0-9a-f]{6
 // repository@sha256:<64 hex digits>, as a build Job's image must be: a
 // tag can change under a running platform.
 func DigestPinned(image string) bool { return digestPinned.MatchString(image) }
+
+// ParseTolerations reads "key=value:Effect,key:Effect" (Equal with a
+// value, Exists without); an empty effect tolerates every effect of the
+// taint.
+func ParseTolerations(s string) ([]corev1.Toleration, error) {
+	var out []corev1.Toleration
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		kv, effect, _ := strings.Cut(item, ":")
+		t := corev1.Toleration{Effect: corev1.TaintEffect(effect), Operator: corev1.TolerationOpExists}
+		key, value, hasValue := strings.Cut(kv, "=")
+		t.Key = key
+		if hasValue {
+			t.Operator, t.Value = corev1.TolerationOpEqual, value
+		}
+		switch t.Effect {
+		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			return nil, fmt.Errorf("toleration %q: effect must be NoSchedule, PreferNoSchedule or NoExecute", item)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// ParseSelector reads "key=value,key=value".
+func ParseSelector(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(item, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("node selector %q: want key=value", item)
+		}
+		out[k] = v
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}

@@ -24,9 +24,11 @@ var versionsFile string
 
 // Versions are the pinned versions of the cluster's binaries (versions.env).
 type Versions struct {
-	Kubernetes string // kube-apiserver, -controller-manager, -scheduler, kubectl: "1.37.2"
+	Kubernetes string // kube-apiserver, -controller-manager, -scheduler, kubectl, kubelet, kube-proxy: "1.37.2"
 	Etcd       string // "3.7.3"
 	Kwok       string // "0.8.0"
+	// The real node's runtime (NodeBinDir): "2.4.2", "1.5.3", "1.10.0", "1.15.0".
+	Containerd, Runc, CNIPlugins, CoreDNS string
 }
 
 // Pinned returns the versions written in versions.env.
@@ -51,9 +53,13 @@ func parseVersions(s string) (Versions, error) {
 		}
 		kv[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
-	v := Versions{Kubernetes: kv["K8S_VERSION"], Etcd: kv["ETCD_VERSION"], Kwok: kv["KWOK_VERSION"]}
-	if v.Kubernetes == "" || v.Etcd == "" || v.Kwok == "" {
-		return Versions{}, errors.New("versions.env: K8S_VERSION, ETCD_VERSION and KWOK_VERSION are required")
+	v := Versions{Kubernetes: kv["K8S_VERSION"], Etcd: kv["ETCD_VERSION"], Kwok: kv["KWOK_VERSION"],
+		Containerd: kv["CONTAINERD_VERSION"], Runc: kv["RUNC_VERSION"], CNIPlugins: kv["CNI_PLUGINS_VERSION"], CoreDNS: kv["COREDNS_VERSION"]}
+	for name, val := range map[string]string{"K8S_VERSION": v.Kubernetes, "ETCD_VERSION": v.Etcd, "KWOK_VERSION": v.Kwok,
+		"CONTAINERD_VERSION": v.Containerd, "RUNC_VERSION": v.Runc, "CNI_PLUGINS_VERSION": v.CNIPlugins, "COREDNS_VERSION": v.CoreDNS} {
+		if val == "" {
+			return Versions{}, fmt.Errorf("versions.env: %s is required", name)
+		}
 	}
 	return v, nil
 }
@@ -106,9 +112,12 @@ func BinDir(root string, v Versions) string {
 }
 
 // Built reports whether dir holds a complete set of v's binaries.
-func Built(dir string, v Versions) bool {
+func Built(dir string, v Versions) bool { return stamped(dir, v.Key()) }
+
+// stamped reports whether dir holds the complete set named key.
+func stamped(dir, key string) bool {
 	b, err := os.ReadFile(filepath.Join(dir, stampFile))
-	return err == nil && string(b) == v.Key()+"\n"
+	return err == nil && string(b) == key+"\n"
 }
 
 // EnsureBuilt builds v's binaries into dir unless they are there already.
@@ -117,7 +126,15 @@ func Built(dir string, v Versions) bool {
 // callers (test binaries of several packages) wait for one build through a
 // file lock. Progress goes to log.
 func EnsureBuilt(ctx context.Context, dir string, v Versions, log io.Writer) error {
-	if Built(dir, v) {
+	return ensureSet(dir, v.Key(), "test cluster binaries", "a cold build takes several minutes", log,
+		func(out string) error { return build(ctx, out, v, log) })
+}
+
+// ensureSet builds the set of binaries named key into dir with build
+// (into a temporary directory, renamed into place with its stamp once
+// complete) unless it is there, one process at a time (a file lock).
+func ensureSet(dir, key, what, how string, log io.Writer, build func(out string) error) error {
+	if stamped(dir, key) {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
@@ -132,19 +149,19 @@ func EnsureBuilt(ctx context.Context, dir string, v Versions, log io.Writer) err
 		return fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if Built(dir, v) { // another process built it while we waited
+	if stamped(dir, key) { // another process built it while we waited
 		return nil
 	}
 	start := time.Now()
-	fmt.Fprintf(log, "kubetest: building test cluster binaries %s into %s (a cold build takes several minutes)\n", v.Key(), dir)
+	fmt.Fprintf(log, "kubetest: building %s %s into %s (%s)\n", what, key, dir, how)
 	tmp := dir + ".tmp"
 	if err := os.RemoveAll(tmp); err != nil {
 		return err
 	}
-	if err := build(ctx, tmp, v, log); err != nil {
-		return fmt.Errorf("build cluster binaries %s: %w", v.Key(), err)
+	if err := build(tmp); err != nil {
+		return fmt.Errorf("build %s %s: %w", what, key, err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, stampFile), []byte(v.Key()+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, stampFile), []byte(key+"\n"), 0o644); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -153,7 +170,7 @@ func EnsureBuilt(ctx context.Context, dir string, v Versions, log io.Writer) err
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}
-	fmt.Fprintf(log, "kubetest: built %s in %s\n", v.Key(), time.Since(start).Round(time.Second))
+	fmt.Fprintf(log, "kubetest: built %s in %s\n", key, time.Since(start).Round(time.Second))
 	return nil
 }
 
@@ -170,49 +187,9 @@ func build(ctx context.Context, out string, v Versions, log io.Writer) error {
 	defer os.RemoveAll(work)
 	g := goRunner{ctx: ctx, log: log}
 
-	// Kubernetes: its go.mod replaces the k8s.io/* staging modules with
-	// ./staging paths missing from its module zip, so the throwaway module
-	// maps each to the published v0.<minor>.<patch>.
-	kmod, err := g.downloadField("k8s.io/kubernetes@v"+v.Kubernetes, "GoMod")
-	if err != nil {
-		return err
-	}
-	kgomod, err := os.ReadFile(kmod)
-	if err != nil {
-		return err
-	}
-	staging := "v0" + v.Kubernetes[strings.Index(v.Kubernetes, "."):]
-	var mod strings.Builder
-	fmt.Fprintf(&mod, "module talkide.local/kubebins\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v%s\n\n", v.Kubernetes)
-	for _, m := range stagingModules(kgomod) {
-		fmt.Fprintf(&mod, "replace %s => %s %s\n", m, m, staging)
-	}
 	cmds := []string{binAPIServer, binController, binScheduler, binKubectl}
-	var tools strings.Builder
-	tools.WriteString("//go:build tools\n\npackage tools\n\nimport (\n")
-	for _, c := range cmds {
-		fmt.Fprintf(&tools, "\t_ %q\n", "k8s.io/kubernetes/cmd/"+c)
-	}
-	tools.WriteString(")\n")
-	kdir := filepath.Join(work, "kube")
-	if err := writeModule(kdir, mod.String(), tools.String()); err != nil {
+	if err := buildKubernetes(g, work, out, v, cmds); err != nil {
 		return err
-	}
-	if err := g.run(kdir, nil, "mod", "tidy"); err != nil {
-		return err
-	}
-	minor := strings.Split(v.Kubernetes, ".")[1]
-	ld := strings.Join([]string{"-s -w",
-		"-X k8s.io/component-base/version.gitVersion=v" + v.Kubernetes,
-		"-X k8s.io/component-base/version.gitMajor=1",
-		"-X k8s.io/component-base/version.gitMinor=" + minor,
-		"-X k8s.io/component-base/version.gitTreeState=clean",
-		"-X k8s.io/client-go/pkg/version.gitVersion=v" + v.Kubernetes,
-	}, " ")
-	for _, c := range cmds {
-		if err := g.run(kdir, nil, "build", "-ldflags", ld, "-o", filepath.Join(out, c), "k8s.io/kubernetes/cmd/"+c); err != nil {
-			return err
-		}
 	}
 
 	// etcd: `go install` refuses its server module (it has replace
@@ -243,6 +220,56 @@ func build(ctx context.Context, out string, v Versions, log io.Writer) error {
 }
 
 var stagingRE = regexp.MustCompile(`(?m)^\s*(k8s\.io/[a-z0-9-]+)\s+=>\s+\./staging/`)
+
+// buildKubernetes builds the commands cmds of k8s.io/kubernetes at
+// v.Kubernetes into out. The throwaway module is the same for every set
+// (control plane, node), so a second set reuses the first one's build cache.
+func buildKubernetes(g goRunner, work, out string, v Versions, cmds []string) error {
+	// Kubernetes: its go.mod replaces the k8s.io/* staging modules with
+	// ./staging paths missing from its module zip, so the throwaway module
+	// maps each to the published v0.<minor>.<patch>.
+	kmod, err := g.downloadField("k8s.io/kubernetes@v"+v.Kubernetes, "GoMod")
+	if err != nil {
+		return err
+	}
+	kgomod, err := os.ReadFile(kmod)
+	if err != nil {
+		return err
+	}
+	staging := "v0" + v.Kubernetes[strings.Index(v.Kubernetes, "."):]
+	var mod strings.Builder
+	fmt.Fprintf(&mod, "module talkide.local/kubebins\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v%s\n\n", v.Kubernetes)
+	for _, m := range stagingModules(kgomod) {
+		fmt.Fprintf(&mod, "replace %s => %s %s\n", m, m, staging)
+	}
+	var tools strings.Builder
+	tools.WriteString("//go:build tools\n\npackage tools\n\nimport (\n")
+	for _, c := range cmds {
+		fmt.Fprintf(&tools, "\t_ %q\n", "k8s.io/kubernetes/cmd/"+c)
+	}
+	tools.WriteString(")\n")
+	kdir := filepath.Join(work, "kube")
+	if err := writeModule(kdir, mod.String(), tools.String()); err != nil {
+		return err
+	}
+	if err := g.run(kdir, nil, "mod", "tidy"); err != nil {
+		return err
+	}
+	minor := strings.Split(v.Kubernetes, ".")[1]
+	ld := strings.Join([]string{"-s -w",
+		"-X k8s.io/component-base/version.gitVersion=v" + v.Kubernetes,
+		"-X k8s.io/component-base/version.gitMajor=1",
+		"-X k8s.io/component-base/version.gitMinor=" + minor,
+		"-X k8s.io/component-base/version.gitTreeState=clean",
+		"-X k8s.io/client-go/pkg/version.gitVersion=v" + v.Kubernetes,
+	}, " ")
+	for _, c := range cmds {
+		if err := g.run(kdir, nil, "build", "-ldflags", ld, "-o", filepath.Join(out, c), "k8s.io/kubernetes/cmd/"+c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // stagingModules lists the modules a k8s.io/kubernetes go.mod replaces with
 // ./staging paths.

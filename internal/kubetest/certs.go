@@ -52,9 +52,10 @@ func newCA() (*ca, error) {
 type keyPair struct{ cert, key []byte }
 
 // issue signs a certificate for cn in orgs: a serving certificate for
-// 127.0.0.1 and localhost when server is set, else a client certificate
-// (the API server takes the user from CN and the groups from O).
-func (c *ca) issue(cn string, orgs []string, server bool) (keyPair, error) {
+// 127.0.0.1, localhost and sans (IP addresses or DNS names) when server is
+// set, else a client certificate (the API server takes the user from CN
+// and the groups from O).
+func (c *ca) issue(cn string, orgs []string, server bool, sans ...string) (keyPair, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return keyPair{}, err
@@ -71,6 +72,13 @@ func (c *ca) issue(cn string, orgs []string, server bool) (keyPair, error) {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
 		tmpl.DNSNames = []string{"localhost"}
+		for _, s := range sans {
+			if ip := net.ParseIP(s); ip != nil {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			} else {
+				tmpl.DNSNames = append(tmpl.DNSNames, s)
+			}
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	if err != nil {

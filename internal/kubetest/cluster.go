@@ -32,6 +32,19 @@ type Options struct {
 	Nodes int
 	// Log gets progress lines; nil discards them.
 	Log io.Writer
+	// RealNode adds a real node (node.go): kubelet, containerd and runc
+	// in a network namespace of their own, with kube-proxy and CoreDNS, so
+	// that containers really run. The API server then listens on HostAddr
+	// instead of 127.0.0.1, and the kwok nodes carry FakeNodeTaint so
+	// that pods go to the real node unless they tolerate it. One real node
+	// runs per machine at a time (Start waits for another to stop).
+	RealNode bool
+	// NodeBinDir holds the real node's binaries (EnsureNodeBuilt).
+	// Required with RealNode.
+	NodeBinDir string
+	// NodeImages are images the real node's containerd imports before
+	// Start returns (no registry is reachable).
+	NodeImages []NodeImage
 }
 
 // Cluster is a running control plane: etcd, kube-apiserver,
@@ -48,6 +61,15 @@ type Cluster struct {
 	// stopBackground ends the goroutines of the cluster (the fake volume
 	// provisioner).
 	stopBackground context.CancelFunc
+	// authority signs every certificate; pki is where they are written.
+	authority *ca
+	pki       string
+	// apiHost is the address the API server listens on: 127.0.0.1, or
+	// HostAddr with a real node.
+	apiHost string
+	apiPort int
+	// node is the real node, nil without one.
+	node *node
 
 	stopOnce sync.Once
 }
@@ -57,6 +79,10 @@ const ServiceCIDR = "10.0.0.0/24"
 
 // FakeNodeAnnotation marks the Nodes kwok plays.
 const FakeNodeAnnotation = "kwok.x-k8s.io/node"
+
+// FakeNodeTaint is on the kwok nodes of a cluster with a real node: a pod
+// goes to the real node unless it tolerates this.
+var FakeNodeTaint = corev1.Taint{Key: FakeNodeAnnotation, Value: "fake", Effect: corev1.TaintEffectNoSchedule}
 
 // Start starts a cluster and returns when it is ready: the API server
 // answers /readyz, every fake node is Ready and schedulable, the
@@ -97,10 +123,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 
 // files written by start into the state directory.
 type files struct {
-	ca, saKey                 string
-	apiCert, apiKey           string
-	kwokCert, kwokKey         string
-	admin, kcm, sched, kwokKC string
+	ca, saKey                           string
+	apiCert, apiKey                     string
+	kwokCert, kwokKey                   string
+	kubeletClientCert, kubeletClientKey string
+	admin, kcm, sched, kwokKC           string
 }
 
 func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error {
@@ -115,6 +142,15 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 		return err
 	}
 	etcdPort, peerPort, apiPort, kcmPort, schedPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+	c.apiHost, c.apiPort = "127.0.0.1", apiPort
+	if opts.RealNode {
+		// The node's network namespace first: the API server listens on
+		// its host end.
+		if c.node, err = prepareNode(ctx, c.dir, opts, logw); err != nil {
+			return err
+		}
+		c.apiHost = HostAddr
+	}
 	f, err := c.writeFiles(apiPort)
 	if err != nil {
 		return fmt.Errorf("kubetest: write certificates: %w", err)
@@ -133,18 +169,24 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 	c.procs = append(c.procs, etcd)
 
 	certDir := filepath.Join(c.dir, "serving")
-	api, err := startProc(c.dir, "kube-apiserver", bin(binAPIServer),
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+itoa(apiPort),
-		// The endpoint reconciler refuses a loopback advertise address.
-		"--endpoint-reconciler-type=none",
-		"--tls-cert-file="+f.apiCert, "--tls-private-key-file="+f.apiKey,
-		"--client-ca-file="+f.ca, "--authorization-mode=RBAC",
-		"--service-cluster-ip-range="+ServiceCIDR,
+	apiArgs := []string{"--etcd-servers=" + etcdURL,
+		"--bind-address=" + c.apiHost, "--advertise-address=" + c.apiHost, "--secure-port=" + itoa(apiPort),
+		"--tls-cert-file=" + f.apiCert, "--tls-private-key-file=" + f.apiKey,
+		// Node: a kubelet reads only what its own pods need.
+		"--client-ca-file=" + f.ca, "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+f.saKey, "--service-account-signing-key-file="+f.saKey,
-		"--kubelet-preferred-address-types=InternalIP", "--kubelet-certificate-authority="+f.ca,
-		"--allow-privileged=true", "--cert-dir="+certDir)
+		"--service-account-key-file=" + f.saKey, "--service-account-signing-key-file=" + f.saKey,
+		"--kubelet-preferred-address-types=InternalIP", "--kubelet-certificate-authority=" + f.ca,
+		"--kubelet-client-certificate=" + f.kubeletClientCert, "--kubelet-client-key=" + f.kubeletClientKey,
+		"--allow-privileged=true", "--cert-dir=" + certDir}
+	if c.node == nil {
+		// The endpoint reconciler refuses a loopback advertise address;
+		// with a real node it keeps default/kubernetes pointing at
+		// HostAddr, where pods reach the API server through kube-proxy.
+		apiArgs = append(apiArgs, "--endpoint-reconciler-type=none")
+	}
+	api, err := startProc(c.dir, "kube-apiserver", bin(binAPIServer), apiArgs...)
 	if err != nil {
 		return err
 	}
@@ -152,7 +194,7 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 	if err := c.waitReadyz(ctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(logw, "kubetest: kube-apiserver ready on 127.0.0.1:%d\n", apiPort)
+	fmt.Fprintf(logw, "kubetest: kube-apiserver ready on %s:%d\n", c.apiHost, apiPort)
 
 	kcm, err := startProc(c.dir, "kube-controller-manager", bin(binController),
 		"--kubeconfig="+f.kcm, "--authentication-kubeconfig="+f.kcm, "--authorization-kubeconfig="+f.kcm,
@@ -185,7 +227,7 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 	}
 	c.procs = append(c.procs, kwok)
 
-	if err := c.addNodes(ctx, opts.Nodes); err != nil {
+	if err := c.addNodes(ctx, opts.Nodes, opts.RealNode); err != nil {
 		return err
 	}
 	if err := c.poll(ctx, "the default ServiceAccount (controller-manager)", func(ctx context.Context) (bool, error) {
@@ -201,7 +243,13 @@ func (c *Cluster) start(ctx context.Context, opts Options, logw io.Writer) error
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopBackground = cancel
-	return c.provisionVolumes(bg)
+	if err := c.provisionVolumes(bg); err != nil {
+		return err
+	}
+	if c.node != nil {
+		return c.node.start(ctx, c, opts, logw)
+	}
+	return nil
 }
 
 // writeFiles creates the certificates, the token signing key and a
@@ -216,6 +264,7 @@ func (c *Cluster) writeFiles(apiPort int) (files, error) {
 	if err != nil {
 		return f, err
 	}
+	c.authority, c.pki = authority, pki
 	f.ca = filepath.Join(pki, "ca.crt")
 	if err := os.WriteFile(f.ca, authority.pem, 0o600); err != nil {
 		return f, err
@@ -228,32 +277,24 @@ func (c *Cluster) writeFiles(apiPort int) (files, error) {
 	if err := os.WriteFile(f.saKey, saKey, 0o600); err != nil {
 		return f, err
 	}
-	server := func(name string) (string, string, error) {
-		kp, err := authority.issue(name, nil, true)
+	server := func(name string, sans ...string) (string, string, error) {
+		kp, err := authority.issue(name, nil, true, sans...)
 		if err != nil {
 			return "", "", err
 		}
 		return kp.write(pki, name)
 	}
-	if f.apiCert, f.apiKey, err = server("kube-apiserver"); err != nil {
+	// Pods reach the API server at the kubernetes Service's address and
+	// names; with a real node, the host reaches it at HostAddr.
+	if f.apiCert, f.apiKey, err = server("kube-apiserver", c.apiHost, ServiceCIDR[:strings.LastIndex(ServiceCIDR, ".")]+".1",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"); err != nil {
 		return f, err
 	}
 	if f.kwokCert, f.kwokKey, err = server("kwok-serving"); err != nil {
 		return f, err
 	}
-	server_ := "https://127.0.0.1:" + itoa(apiPort)
-	client := func(name, cn string, orgs ...string) (string, error) {
-		kp, err := authority.issue(cn, orgs, false)
-		if err != nil {
-			return "", err
-		}
-		cert, key, err := kp.write(pki, name)
-		if err != nil {
-			return "", err
-		}
-		path := filepath.Join(c.dir, name+".kubeconfig")
-		return path, writeKubeconfig(path, server_, f.ca, cert, key, cn)
-	}
+	server_ := "https://" + c.apiHost + ":" + itoa(apiPort)
+	client := c.clientKubeconfig
 	if f.admin, err = client("admin", "talkide-test-admin", "system:masters"); err != nil {
 		return f, err
 	}
@@ -264,6 +305,14 @@ func (c *Cluster) writeFiles(apiPort int) (files, error) {
 		return f, err
 	}
 	if f.kwokKC, err = client("kwok", "kwok", "system:masters"); err != nil {
+		return f, err
+	}
+	// The API server's identity towards kubelets (logs, exec).
+	kp, err := authority.issue("kube-apiserver-kubelet-client", []string{"system:masters"}, false)
+	if err != nil {
+		return f, err
+	}
+	if f.kubeletClientCert, f.kubeletClientKey, err = kp.write(pki, "kube-apiserver-kubelet-client"); err != nil {
 		return f, err
 	}
 	c.kubeconfig = f.admin
@@ -278,6 +327,23 @@ func (c *Cluster) writeFiles(apiPort int) (files, error) {
 	}
 	c.client, err = kubernetes.NewForConfig(c.admin)
 	return f, err
+}
+
+// clientKubeconfig issues a client certificate for user cn in groups orgs
+// and writes a kubeconfig with it, <name>.kubeconfig in the state
+// directory, returning its path.
+func (c *Cluster) clientKubeconfig(name, cn string, orgs ...string) (string, error) {
+	kp, err := c.authority.issue(cn, orgs, false)
+	if err != nil {
+		return "", err
+	}
+	cert, key, err := kp.write(c.pki, name)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.dir, name+".kubeconfig")
+	server := "https://" + c.apiHost + ":" + itoa(c.apiPort)
+	return path, writeKubeconfig(path, server, filepath.Join(c.pki, "ca.crt"), cert, key, cn)
 }
 
 func writeKubeconfig(path, server, ca, cert, key, user string) error {
@@ -439,7 +505,7 @@ const FakeLogLine = "kubetest: fake container output"
 // addNodes creates the fake nodes, waits until kwok reports them Ready and
 // lifts the not-ready taint that admission put on them (only the
 // node-lifecycle controller would, and not at once).
-func (c *Cluster) addNodes(ctx context.Context, n int) error {
+func (c *Cluster) addNodes(ctx context.Context, n int, taint bool) error {
 	nodes := c.client.CoreV1().Nodes()
 	for i := range n {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
@@ -447,6 +513,9 @@ func (c *Cluster) addNodes(ctx context.Context, n int) error {
 			Annotations: map[string]string{FakeNodeAnnotation: "fake"},
 			Labels:      map[string]string{"type": "kwok", "kubernetes.io/hostname": fmt.Sprintf("fake-node-%d", i)},
 		}}
+		if taint {
+			node.Spec.Taints = []corev1.Taint{FakeNodeTaint}
+		}
 		if _, err := nodes.Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("kubetest: create node: %w", err)
 		}
@@ -562,12 +631,23 @@ func (c *Cluster) Stop() {
 		if c.stopBackground != nil {
 			c.stopBackground()
 		}
+		if c.node != nil {
+			c.node.stopProcesses()
+		}
 		var wg sync.WaitGroup
 		for _, p := range c.procs {
 			wg.Go(func() { p.stop(5 * time.Second) })
 		}
 		wg.Wait()
-		if c.removeDir {
+		clean := true
+		if c.node != nil {
+			if err := c.node.cleanup(); err != nil {
+				fmt.Fprintf(os.Stderr, "kubetest: the real node left something behind: %v\n", err)
+				clean = false
+			}
+		}
+		// Never a RemoveAll through a mount that is still there.
+		if c.removeDir && clean {
 			os.RemoveAll(c.dir)
 		}
 	})

@@ -54,16 +54,95 @@ var shared struct {
 	err        error
 }
 
-// Main runs the package's tests, stops the shared cluster if a test
-// started one, and exits with the tests' status. Call it as the whole body
-// of the package's TestMain.
+var sharedNode struct {
+	once    sync.Once
+	cluster *Cluster
+	err     error
+	// before is the host as it was before the node started.
+	before hostState
+}
+
+// Main runs the package's tests, stops the shared clusters if a test
+// started them, and exits with the tests' status. Call it as the whole
+// body of the package's TestMain. After a real node (SharedNode) stops, it
+// checks that the host is as it was before the node started (no process,
+// mount, cgroup, link, route, rule, sysctl or file left) and fails the
+// package if not.
 func Main(m *testing.M) {
 	shared.mainCalled = true
 	code := m.Run()
 	if shared.cluster != nil {
 		shared.cluster.Stop()
 	}
+	if sharedNode.cluster != nil {
+		sharedNode.cluster.Stop()
+		if left := sharedNode.before.diff(readHostState()); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: kubetest: the real node's teardown left this behind:\n  %s\n", strings.Join(left, "\n  "))
+			if code == 0 {
+				code = 1
+			}
+		} else {
+			fmt.Fprintln(os.Stderr, "kubetest: the real node's teardown left nothing behind (processes, mounts, cgroups, links, routes, nftables rules, sysctls, host paths)")
+		}
+	}
 	os.Exit(code)
+}
+
+// NoNetworkPolicyEnforcement is said wherever a real node starts on a
+// kernel without nftables' queue.
+const NoNetworkPolicyEnforcement = "kubetest: NetworkPolicy enforcement is NOT tested on this machine: kube-network-policies needs nftables' queue " +
+	"(CONFIG_NFT_QUEUE), which this kernel lacks; the policies are tested as objects only (internal/provision)"
+
+// SharedNode returns the package's cluster with a real node (Options.
+// RealNode), starting it on first use and building the node's binaries
+// when they are missing. It fails t when the machine cannot run a real
+// node or the cluster does not start; it never skips. Main stops it and
+// checks its teardown.
+func SharedNode(t testing.TB) *Cluster {
+	t.Helper()
+	if !shared.mainCalled {
+		t.Fatal("kubetest: call kubetest.Main(m) from the package's TestMain, so the cluster is stopped after the tests")
+	}
+	sharedNode.once.Do(func() {
+		sharedNode.cluster, sharedNode.err = startSharedNode()
+	})
+	if sharedNode.err != nil {
+		t.Fatalf("kubetest: the test cluster with a real node did not start: %v\n"+
+			"Build its binaries with `make cluster-bins` (docs/testing.md, \"Test cluster\").", sharedNode.err)
+	}
+	return sharedNode.cluster
+}
+
+func startSharedNode() (*Cluster, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	v := Pinned()
+	ctx := context.Background()
+	if err := EnsureBuilt(ctx, BinDir(root, v), v, os.Stderr); err != nil {
+		return nil, err
+	}
+	if err := EnsureNodeBuilt(ctx, NodeBinDir(root, v), v, os.Stderr); err != nil {
+		return nil, err
+	}
+	var log io.Writer
+	if testing.Verbose() {
+		log = os.Stderr
+	}
+	sharedNode.before = readHostState()
+	for attempt := 1; ; attempt++ {
+		c, err := Start(ctx, Options{BinDir: BinDir(root, v), NodeBinDir: NodeBinDir(root, v), RealNode: true, Log: log})
+		if err == nil {
+			if f, _ := c.Node(); !f.NFTQueue {
+				fmt.Fprintln(os.Stderr, NoNetworkPolicyEnforcement)
+			}
+		}
+		if err == nil || attempt == 3 || !retryableStart(err) {
+			return c, err
+		}
+		fmt.Fprintf(os.Stderr, "kubetest: the test cluster did not start (attempt %d of 3), starting it again: %v\n", attempt, firstLine(err.Error()))
+	}
 }
 
 // Shared returns the package's cluster, starting it (and building the

@@ -154,9 +154,14 @@ func TestMakefileNamesTheSameBinDir(t *testing.T) {
 }
 
 func TestParseVersions(t *testing.T) {
-	v, err := parseVersions("# c\nK8S_VERSION=1.2.3\n\nETCD_VERSION = 3.4.5\nKWOK_VERSION=0.1.0\n")
-	if err != nil || v != (Versions{Kubernetes: "1.2.3", Etcd: "3.4.5", Kwok: "0.1.0"}) {
+	v, err := parseVersions("# c\nK8S_VERSION=1.2.3\n\nETCD_VERSION = 3.4.5\nKWOK_VERSION=0.1.0\n" +
+		"CONTAINERD_VERSION=2.0.0\nRUNC_VERSION=1.0.0\nCNI_PLUGINS_VERSION=1.1.0\nCOREDNS_VERSION=1.2.0\n")
+	want := Versions{Kubernetes: "1.2.3", Etcd: "3.4.5", Kwok: "0.1.0", Containerd: "2.0.0", Runc: "1.0.0", CNIPlugins: "1.1.0", CoreDNS: "1.2.0"}
+	if err != nil || v != want {
 		t.Errorf("got %+v, %v", v, err)
+	}
+	if v.Key() != "k8s-1.2.3_etcd-3.4.5_kwok-0.1.0" || v.NodeKey() != "node-k8s-1.2.3_containerd-2.0.0_runc-1.0.0_cni-1.1.0_coredns-1.2.0" {
+		t.Errorf("keys %s and %s", v.Key(), v.NodeKey())
 	}
 	if _, err := parseVersions("K8S_VERSION=1.2.3\n"); err == nil {
 		t.Error("missing versions: got no error")

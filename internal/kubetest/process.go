@@ -23,6 +23,11 @@ type proc struct {
 }
 
 func startProc(dir, name, bin string, args ...string) (*proc, error) {
+	return startProcEnv(dir, name, bin, nil, args...)
+}
+
+// startProcEnv is startProc with env added to the test's environment.
+func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -30,6 +35,9 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	// Its own process group, so Stop reaches everything it forks; and
 	// SIGKILL when the process that started it dies, so a crashed test

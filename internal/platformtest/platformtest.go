@@ -548,3 +548,122 @@ func HostProcesses(prefix string) []string {
 	}
 	return out
 }
+
+// Watcher follows a conversation's browser stream, reconnecting with
+// Last-Event-ID whenever it breaks (a worker or control-plane restart),
+// and records every event it got, in order.
+type Watcher struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	evs  []contract.Event // guarded by mu
+}
+
+// Watch follows conv's stream until ctx ends.
+func (p *Platform) Watch(ctx context.Context, conv string) *Watcher {
+	w := &Watcher{}
+	w.cond = sync.NewCond(&w.mu)
+	go func() {
+		for ctx.Err() == nil {
+			last := int64(0)
+			if evs := w.Events(); len(evs) > 0 {
+				last = evs[len(evs)-1].ID
+			}
+			req, _ := http.NewRequestWithContext(ctx, "GET", p.URL+"/api/conversations/"+conv+"/stream", nil)
+			req.Header.Set("Authorization", "Bearer "+p.UserToken)
+			req.Header.Set("Last-Event-ID", fmt.Sprint(last))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				if err == nil {
+					resp.Body.Close()
+				}
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			r := sse.NewReader(bufio.NewReader(resp.Body))
+			for {
+				e, err := r.Next()
+				if err != nil {
+					break
+				}
+				var ev contract.Event
+				if json.Unmarshal(e.Data, &ev) != nil {
+					continue
+				}
+				w.mu.Lock()
+				w.evs = append(w.evs, ev)
+				w.cond.Broadcast()
+				w.mu.Unlock()
+			}
+			resp.Body.Close()
+		}
+	}()
+	return w
+}
+
+// Events returns a copy of the events received so far.
+func (w *Watcher) Events() []contract.Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]contract.Event(nil), w.evs...)
+}
+
+// Gaps describes where the received event ids are not 1, 2, 3, ... with
+// no gap and no repeat; "" when they are.
+func (w *Watcher) Gaps() string {
+	var b strings.Builder
+	for i, ev := range w.Events() {
+		if ev.ID != int64(i)+1 {
+			fmt.Fprintf(&b, "event %d has id %d; ", i+1, ev.ID)
+		}
+	}
+	return b.String()
+}
+
+// TurnEnd waits until the stream holds the end (turn_completed or
+// turn_failed) of the turn of client message id, and returns it; false
+// after timeout.
+func (w *Watcher) TurnEnd(id string, timeout time.Duration) (contract.Event, bool) {
+	deadline := time.Now().Add(timeout)
+	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
+	defer timer.Stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		for _, ev := range w.evs {
+			if !TurnEnd(ev) {
+				continue
+			}
+			var m struct {
+				ClientMessageID string `json:"client_message_id"`
+			}
+			json.Unmarshal(ev.Data, &m)
+			if m.ClientMessageID == id {
+				return ev, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return contract.Event{}, false
+		}
+		w.cond.Wait()
+	}
+}
+
+// SendRetrying sends a message, retrying the same client message id (an
+// idempotent retry) for up to two minutes while the worker is away, and
+// returns that id.
+func (p *Platform) SendRetrying(conv, text string) string {
+	p.T.Helper()
+	id := "m-" + token.NewID()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var out contract.SendMessageResponse
+		st := p.Do("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text, "client_message_id": id}, &out)
+		if st == http.StatusAccepted {
+			return id
+		}
+		if time.Now().After(deadline) {
+			p.T.Fatalf("send %q: status %d for two minutes", text, st)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

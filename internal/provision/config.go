@@ -6,12 +6,15 @@ import (
 	"log/slog"
 	"net"
 	"path"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/kubename"
 )
 
@@ -84,7 +87,34 @@ type Config struct {
 	MaxJobs int
 	// HostUIDDir is the hostPath every worker of a node shares for agent
 	// uid claims [TALKIDE_WORKER_HOST_UID_DIR]. Default /run/talkide/uids.
+	// Not mounted with UserNamespace (each pod's uids are its own there).
 	HostUIDDir string
+	// UserNamespace runs the worker's pod in a user namespace of its own
+	// (hostUsers: false, with an unmasked /proc): the worker's root is an
+	// unprivileged uid on the node, and each agent gets a /proc of its
+	// own [TALKIDE_WORKER_USER_NAMESPACE, true or false]. Default false:
+	// the pod then mounts any session volume, NFS included, which has no
+	// idmapped mounts and so cannot be mounted by such a pod
+	// (docs/deploying.md, "Choosing the worker's pod"). Set it when the
+	// session volume's filesystem supports idmapped mounts (and the
+	// nodes' runtime user namespaces).
+	UserNamespace bool
+	// RuntimeClass is the worker pod's runtimeClassName, e.g. one whose
+	// handler makes the pod's cgroup writable (containerd's
+	// cgroup_writable), which gives each agent a control group of its
+	// own [TALKIDE_WORKER_RUNTIME_CLASS]. Default: the cluster's default.
+	RuntimeClass string
+	// NodeSelector and Tolerations place the worker pods on a node pool
+	// [TALKIDE_WORKER_NODE_SELECTOR "key=value,...",
+	// TALKIDE_WORKER_TOLERATIONS "key=value:Effect,..."]. Default none.
+	NodeSelector map[string]string
+	Tolerations  []corev1.Toleration
+	// ContainmentRequire are agent-containment guarantees (contract.
+	// Guarantees) every worker must give or refuse to start: the worker's
+	// TALKIDE_CONTAINMENT_REQUIRE [TALKIDE_WORKER_CONTAINMENT_REQUIRE,
+	// comma-separated]. Default none: workers start with what their nodes
+	// give and report the rest.
+	ContainmentRequire []string
 	// IdentityTTL is the life of a worker's identity token
 	// [TALKIDE_IDENTITY_TTL]. Default 90 days.
 	IdentityTTL time.Duration
@@ -145,7 +175,7 @@ var reserved = map[string]bool{
 	"TALKIDE_TENANT": true, "TALKIDE_ENV": true, "TALKIDE_WORKER_ADDR": true, "TALKIDE_WORKER_REQUEST_KEYS": true,
 	"TALKIDE_WORKER_IDENTITY_TOKEN": true, "TALKIDE_WORKER_IDENTITY_TOKEN_FILE": true, "TALKIDE_GATEWAY_BASE_URL": true,
 	"TALKIDE_SESSION_DIR": true, "TALKIDE_LEASE_BACKEND": true, "TALKIDE_WORKER_ID": true, "TALKIDE_HOST_UID_DIR": true,
-	"TALKIDE_CONTAINMENT": true, "TALKIDE_BUILD_IMAGE": true,
+	"TALKIDE_CONTAINMENT": true, "TALKIDE_BUILD_IMAGE": true, "TALKIDE_CONTAINMENT_REQUIRE": true,
 }
 
 // DigestPinned reports whether image is pinned by digest
@@ -225,6 +255,22 @@ func (c *Config) Validate() error {
 		// refuses any other).
 		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_HOST_UID_DIR %q: want a clean absolute path below %s or %s (default /run/talkide/uids)", d, hostUIDPrefixRun, hostUIDPrefixVar))
 	}
+	if c.RuntimeClass != "" && !ValidName(c.RuntimeClass) && !validSubdomain(c.RuntimeClass) {
+		errs = append(errs, fmt.Errorf("TALKIDE_WORKER_RUNTIME_CLASS %q: want a RuntimeClass name", c.RuntimeClass))
+	}
+	for _, g := range c.ContainmentRequire {
+		if !slices.Contains(contract.Guarantees, g) {
+			errs = append(errs, fmt.Errorf("TALKIDE_WORKER_CONTAINMENT_REQUIRE: %q is no guarantee (want some of %s)", g, strings.Join(contract.Guarantees, ", ")))
+		}
+	}
+	if _, ok := c.NodeSelector["kubernetes.io/hostname"]; ok {
+		errs = append(errs, errors.New("TALKIDE_WORKER_NODE_SELECTOR: may not pick a node by name (kubernetes.io/hostname); label a pool of nodes instead"))
+	}
+	for _, t := range c.Tolerations {
+		if !allowedToleration(t) {
+			errs = append(errs, fmt.Errorf("TALKIDE_WORKER_TOLERATIONS: %q may not be tolerated (an empty key tolerates every taint; node.*, node-role.kubernetes.io/* and CriticalAddonsOnly guard unhealthy, control-plane and system nodes)", t.Key))
+		}
+	}
 	for _, cidr := range append(append([]string{}, c.EgressCIDRs...), c.APIServerCIDRs...) {
 		if _, _, err := net.ParseCIDR(cidr); err != nil {
 			errs = append(errs, fmt.Errorf("TALKIDE_WORKER_EGRESS_CIDRS / TALKIDE_WORKER_APISERVER_CIDRS: %q is not a CIDR like 10.0.0.0/8", cidr))
@@ -261,6 +307,17 @@ func (c *Config) Validate() error {
 		c.Logger = slog.Default()
 	}
 	return errors.Join(errs...)
+}
+
+var subdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// validSubdomain reports whether s is a DNS subdomain (a RuntimeClass name).
+func validSubdomain(s string) bool { return len(s) <= 253 && subdomainRE.MatchString(s) }
+
+// allowedToleration is what a worker pod (and ScopePolicy) may tolerate:
+// a named taint, not those of unhealthy, control-plane or system nodes.
+func allowedToleration(t corev1.Toleration) bool {
+	return t.Key != "" && !strings.HasPrefix(t.Key, "node.") && !strings.HasPrefix(t.Key, "node-role.kubernetes.io/") && t.Key != "CriticalAddonsOnly"
 }
 
 // Reasons of a Status or an Error: one CamelCase word, as Kubernetes

@@ -13,3 +13,6 @@ func (p *K8sWorkerProvisioner) SetAfterStep(f func(ctx context.Context, tenant, 
 // SetOrphanAge sets how old an unplaced identity token must be to be
 // revoked.
 func (p *K8sWorkerProvisioner) SetOrphanAge(d time.Duration) { p.orphanAge = d }
+
+// WorkerDeployment is the worker's Deployment as c writes it.
+var WorkerDeployment = deploymentObject

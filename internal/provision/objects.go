@@ -2,6 +2,7 @@ package provision
 
 import (
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -172,13 +173,15 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 			LocalObjectReference: corev1.LocalObjectReference{Name: SecretName}, Key: SecretKeyReq}}},
 		{Name: "TALKIDE_LEASE_BACKEND", Value: "kubernetes"},
 		{Name: "TALKIDE_CONTAINMENT", Value: "strict"},
-		{Name: "TALKIDE_HOST_UID_DIR", Value: c.HostUIDDir},
 		{Name: "TALKIDE_WORKER_ID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 	}
 	if c.BuildImage != "" {
 		env_ = append(env_, corev1.EnvVar{Name: "TALKIDE_BUILD_IMAGE", Value: c.BuildImage})
+	}
+	if len(c.ContainmentRequire) > 0 {
+		env_ = append(env_, corev1.EnvVar{Name: "TALKIDE_CONTAINMENT_REQUIRE", Value: strings.Join(c.ContainmentRequire, ",")})
 	}
 	env_ = append(env_, c.Env...)
 	probe := func(path string, period, failures int32) *corev1.Probe {
@@ -189,11 +192,18 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 			TimeoutSeconds:   2,
 		}
 	}
-	hostPathType := corev1.HostPathDirectoryOrCreate
 	podLabels := podSelector(tenant, env)
 	for k, v := range c.labels(tenant, env) {
 		podLabels[k] = v
 	}
+	pod := workerPodSpec(c, env_)
+	pod.Containers[0].Image = c.Image
+	pod.Containers[0].ImagePullPolicy = c.ImagePullPolicy
+	pod.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: WorkerPort, Protocol: corev1.ProtocolTCP}}
+	pod.Containers[0].Resources = c.Resources
+	pod.Containers[0].StartupProbe = probe("/healthz", 2, 60)
+	pod.Containers[0].ReadinessProbe = probe("/readyz", 5, 2)
+	pod.Containers[0].LivenessProbe = probe("/healthz", 10, 6)
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: meta(c, tenant, env, WorkerName),
@@ -208,57 +218,81 @@ func deploymentObject(c *Config, tenant, env, secretHash string) *appsv1.Deploym
 			ProgressDeadlineSeconds: ptr.To[int32](600),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{"talkide.dev/secret-hash": secretHash}},
-				Spec: corev1.PodSpec{
-					ServiceAccountName:            WorkerName,
-					AutomountServiceAccountToken:  ptr.To(true), // Leases, and build Jobs
-					TerminationGracePeriodSeconds: ptr.To[int64](30),
-					// Containment (docs/security.md, "Agent containment"): a user
-					// namespace, so the worker's root (which gives each
-					// agent a uid of its own and builds its jail) is an
-					// unprivileged uid on the node.
-					HostUsers: ptr.To(false),
-					SecurityContext: &corev1.PodSecurityContext{
-						SeccompProfile:  &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined},
-						AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined},
-					},
-					Containers: []corev1.Container{{
-						Name:            "worker",
-						Image:           c.Image,
-						ImagePullPolicy: c.ImagePullPolicy,
-						Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: WorkerPort, Protocol: corev1.ProtocolTCP}},
-						Env:             env_,
-						Resources:       c.Resources,
-						StartupProbe:    probe("/healthz", 2, 60),
-						ReadinessProbe:  probe("/readyz", 5, 2),
-						LivenessProbe:   probe("/healthz", 10, 6),
-						SecurityContext: &corev1.SecurityContext{
-							RunAsUser:    ptr.To[int64](0),
-							RunAsNonRoot: ptr.To(false),
-							// bubblewrap mounts a private /proc per
-							// agent: the container's must not be masked.
-							ProcMount: ptr.To(corev1.UnmaskedProcMount),
-							// In the pod's user namespace only: mount
-							// namespaces for the jails and a writable
-							// /sys/fs/cgroup (the worker's delegated
-							// control group).
-							Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}},
-						},
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "sessions", MountPath: SessionMount},
-							{Name: "identity", MountPath: IdentityMount, ReadOnly: true},
-							{Name: "host-uids", MountPath: c.HostUIDDir},
-						},
-					}},
-					Volumes: []corev1.Volume{
-						{Name: "sessions", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: PVCName}}},
-						{Name: "identity", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-							SecretName: SecretName, Items: []corev1.KeyToPath{{Key: SecretKeyID, Path: SecretKeyID}}, DefaultMode: ptr.To[int32](0o400)}}},
-						{Name: "host-uids", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.HostUIDDir, Type: &hostPathType}}},
-					},
-				},
+				Spec:       pod,
 			},
 		},
 	}
+}
+
+// workerCapabilities are what the worker's root keeps (all others are
+// dropped): giving each agent its uid (SETUID, SETGID), its directories
+// (CHOWN, FOWNER, DAC_OVERRIDE) and ending its processes (KILL). bubblewrap
+// runs as the agent and builds the jail in a user namespace of the agent's
+// own, so the worker needs no SYS_ADMIN.
+var workerCapabilities = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
+
+// workerPodSpec is the worker pod's security-relevant spec: the one place
+// its security context is written (docs/deploying.md, "Choosing the
+// worker's pod"). With c.UserNamespace the pod runs in a user namespace of
+// its own with an unmasked /proc; without, it runs in the node's, so any
+// session volume mounts (NFS has no idmapped mounts), its agents see the
+// pod's /proc, and node-wide uid claims (a hostPath) keep two workers of a
+// node from sharing an agent uid. Either way seccomp and AppArmor are
+// unconfined: bubblewrap creates user namespaces, which runtimes' default
+// profiles forbid.
+func workerPodSpec(c *Config, env []corev1.EnvVar) corev1.PodSpec {
+	sc := &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		RunAsNonRoot:             ptr.To(false),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: workerCapabilities},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "sessions", MountPath: SessionMount},
+		{Name: "identity", MountPath: IdentityMount, ReadOnly: true},
+	}
+	volumes := []corev1.Volume{
+		{Name: "sessions", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: PVCName}}},
+		{Name: "identity", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: SecretName, Items: []corev1.KeyToPath{{Key: SecretKeyID, Path: SecretKeyID}}, DefaultMode: ptr.To[int32](0o400)}}},
+	}
+	if c.UserNamespace {
+		// bubblewrap mounts a private /proc per agent: the container's
+		// must not be masked (allowed only in a user namespace).
+		sc.ProcMount = ptr.To(corev1.UnmaskedProcMount)
+		env = append(env, corev1.EnvVar{Name: "TALKIDE_HOST_UID_DIR", Value: "none"})
+	} else {
+		hostPathType := corev1.HostPathDirectoryOrCreate
+		env = append(env, corev1.EnvVar{Name: "TALKIDE_HOST_UID_DIR", Value: c.HostUIDDir})
+		mounts = append(mounts, corev1.VolumeMount{Name: "host-uids", MountPath: c.HostUIDDir})
+		volumes = append(volumes, corev1.Volume{Name: "host-uids", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.HostUIDDir, Type: &hostPathType}}})
+	}
+	spec := corev1.PodSpec{
+		ServiceAccountName:            WorkerName,
+		AutomountServiceAccountToken:  ptr.To(true), // Leases, and build Jobs
+		TerminationGracePeriodSeconds: ptr.To[int64](30),
+		HostUsers:                     ptr.To(!c.UserNamespace),
+		SecurityContext: &corev1.PodSecurityContext{
+			SeccompProfile:  &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined},
+			AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined},
+		},
+		NodeSelector: c.NodeSelector,
+		Tolerations:  c.Tolerations,
+		Containers: []corev1.Container{{
+			Name:            "worker",
+			Env:             env,
+			SecurityContext: sc,
+			VolumeMounts:    mounts,
+			// A worker that refuses to start says why in its last log
+			// lines: they become the termination message the status shows.
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		}},
+		Volumes: volumes,
+	}
+	if c.RuntimeClass != "" {
+		spec.RuntimeClassName = ptr.To(c.RuntimeClass)
+	}
+	return spec
 }
 
 // JobsNetworkPolicyName names the NetworkPolicy of every other pod of the

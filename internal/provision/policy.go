@@ -170,14 +170,16 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 					"(r.apiGroups == ['coordination.k8s.io'] && r.resources == ['leases'] && r.verbs.all(v, v in ['get', 'create', 'update', 'delete']))))",
 					Reason: forbidden, Message: "the TalkIDE control plane may grant a worker only the worker's rights"},
 				// The worker's pod needs more than baseline (see
-				// deploymentObject), but never the node's: its Deployments
-				// must run in a user namespace, with no host namespace, no
-				// privileged container, no capability beyond SYS_ADMIN (in
-				// that user namespace) and no hostPath but the uid claims'.
-				{Expression: deployment + " || (has(" + tmpl + ".hostUsers) && !" + tmpl + ".hostUsers && " +
+				// workerPodSpec), but never the node's: its Deployments
+				// have no host namespace, no privileged container, no
+				// capability beyond baseline's but SYS_ADMIN in a user
+				// namespace of the pod's own (hostUsers: false), no
+				// hostPath but the uid claims', and tolerate no taint of
+				// unhealthy, control-plane or system nodes.
+				{Expression: deployment + " || (" +
 					"(!has(" + tmpl + ".hostNetwork) || !" + tmpl + ".hostNetwork) && (!has(" + tmpl + ".hostPID) || !" + tmpl + ".hostPID) && (!has(" + tmpl + ".hostIPC) || !" + tmpl + ".hostIPC) && " +
 					"(!has(" + tmpl + ".nodeName) || " + tmpl + ".nodeName == '') && (!has(" + tmpl + ".priorityClassName) || " + tmpl + ".priorityClassName == '') && " +
-					"!has(" + tmpl + ".tolerations) && (!has(" + tmpl + ".runtimeClassName) || " + tmpl + ".runtimeClassName == '') && " +
+					"(!has(" + tmpl + ".tolerations) || " + tmpl + ".tolerations.all(t, has(t.key) && t.key != '' && !t.key.startsWith('node.') && !t.key.startsWith('node-role.kubernetes.io/') && t.key != 'CriticalAddonsOnly')) && " +
 					"(!has(" + tmpl + ".serviceAccountName) || " + tmpl + ".serviceAccountName == '" + WorkerName + "') && " +
 					"(!has(" + tmpl + ".volumes) || " + tmpl + ".volumes.all(v, has(v.emptyDir) || has(v.configMap) || " +
 					"(has(v.persistentVolumeClaim) && v.persistentVolumeClaim.claimName == '" + PVCName + "') || (has(v.secret) && v.secret.secretName == '" + SecretName + "') || " +
@@ -185,8 +187,9 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 					"(!has(" + tmpl + ".nodeSelector) || !('kubernetes.io/hostname' in " + tmpl + ".nodeSelector)) && !has(" + tmpl + ".affinity) && " +
 					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)) && " +
 					"(" + tmpl + ".containers + (has(" + tmpl + ".initContainers) ? " + tmpl + ".initContainers : [])).all(c, !has(c.securityContext) || ((!has(c.securityContext.privileged) || !c.securityContext.privileged) && " +
-					"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['SYS_ADMIN','AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'])))))",
-					Reason: forbidden, Message: "the TalkIDE control plane may run Deployments only as its workers run: in a user namespace, unprivileged on the node"},
+					"(!has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in ['AUDIT_WRITE','CHOWN','DAC_OVERRIDE','FOWNER','FSETID','KILL','MKNOD','NET_BIND_SERVICE','SETFCAP','SETGID','SETPCAP','SETUID','SYS_CHROOT'] || " +
+					"(x == 'SYS_ADMIN' && has(" + tmpl + ".hostUsers) && !" + tmpl + ".hostUsers))))))",
+					Reason: forbidden, Message: "the TalkIDE control plane may run Deployments only as its workers run: unprivileged, with no host namespace, no capability beyond baseline's (SYS_ADMIN only in a user namespace of the pod's own), no hostPath but the agent uid claims', no taint of unhealthy, control-plane or system nodes tolerated"},
 			},
 		},
 	}

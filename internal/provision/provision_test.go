@@ -271,7 +271,7 @@ func TestProvisionMakesTheWorkersObjects(t *testing.T) {
 	}
 	pod := dep.Spec.Template.Spec
 	ctr := pod.Containers[0]
-	if pod.HostUsers == nil || *pod.HostUsers || *ctr.SecurityContext.ProcMount != corev1.UnmaskedProcMount ||
+	if pod.HostUsers == nil || !*pod.HostUsers || ctr.SecurityContext.ProcMount != nil ||
 		pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeUnconfined || pod.ServiceAccountName != provision.WorkerName {
 		t.Errorf("pod security: %+v %+v", pod.SecurityContext, ctr.SecurityContext)
 	}
@@ -282,7 +282,7 @@ func TestProvisionMakesTheWorkersObjects(t *testing.T) {
 	for _, m := range ctr.VolumeMounts {
 		mounts[m.Name] = m.MountPath
 	}
-	if mounts["sessions"] != "/data/claude" || mounts["identity"] != provision.IdentityMount {
+	if mounts["sessions"] != "/data/claude" || mounts["identity"] != provision.IdentityMount || mounts["host-uids"] != "/run/talkide/uids" {
 		t.Errorf("mounts %v", mounts)
 	}
 	env := map[string]string{}

@@ -114,14 +114,19 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 	// In its own namespaces it may run Deployments only as workers run:
 	// another Deployment is refused by name, and the worker's own cannot
 	// be turned into an escape.
-	if _, err := kube.AppsV1().Deployments(own).Create(ctx, dep, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), provision.ScopePolicyName) {
+	another := dep.DeepCopy()
+	another.Name = "not-the-worker"
+	if _, err := kube.AppsV1().Deployments(own).Create(ctx, another, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), provision.ScopePolicyName) {
 		t.Errorf("another Deployment in its own namespace: %v, want Forbidden by the scope policy", err)
 	}
 	for name, mutate := range map[string]func(*corev1.PodSpec){
 		"mounting the node's /": func(s *corev1.PodSpec) {
 			s.Volumes = append(s.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
 		},
-		"privileged":          func(s *corev1.PodSpec) { s.Containers[0].SecurityContext.Privileged = ptr.To(true) },
+		"privileged": func(s *corev1.PodSpec) {
+			s.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			s.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
+		},
 		"on a node of choice": func(s *corev1.PodSpec) { s.NodeName = "fake-node-0" },
 		"critical priority":   func(s *corev1.PodSpec) { s.PriorityClassName = "system-node-critical" },
 		"with an ephemeral claim of another's volume": func(s *corev1.PodSpec) {
@@ -134,6 +139,15 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 			s.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}
 		},
 		"with a host port": func(s *corev1.PodSpec) { s.Containers[0].Ports[0].HostPort = 22 },
+		// SYS_ADMIN is root's on the node when the pod shares its user
+		// namespace.
+		"with SYS_ADMIN in the node's user namespace": func(s *corev1.PodSpec) {
+			s.HostUsers = ptr.To(true)
+			s.Containers[0].SecurityContext.Capabilities.Add = append(s.Containers[0].SecurityContext.Capabilities.Add, "SYS_ADMIN")
+		},
+		"tolerating every taint": func(s *corev1.PodSpec) {
+			s.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		},
 	} {
 		d, err := kube.AppsV1().Deployments(own).Get(ctx, provision.WorkerName, metav1.GetOptions{})
 		if err != nil {

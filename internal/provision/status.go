@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8slabels "k8s.io/apimachinery/pkg/labels"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
 )
 
@@ -49,8 +50,13 @@ type Status struct {
 	WorkerURL string    `json:"worker_url"`
 	Identity  *Identity `json:"identity,omitempty"`
 	// LastError is the last reconcile's failure ("" when it succeeded).
-	LastError  string    `json:"last_error,omitempty"`
-	ObservedAt time.Time `json:"observed_at"`
+	LastError string `json:"last_error,omitempty"`
+	// Containment is what a ready worker reports of its agent
+	// containment: which guarantees its node gives it and which not
+	// (GET /v1/worker of the worker; the control plane's admin API fills
+	// it in, absent when no worker answered).
+	Containment *contract.Containment `json:"containment,omitempty"`
+	ObservedAt  time.Time             `json:"observed_at"`
 }
 
 // Identity describes the worker's identity tokens (ids and times only).
@@ -269,6 +275,20 @@ func (p *K8sWorkerProvisioner) deploymentPhase(ctx context.Context, st *Status, 
 	}
 }
 
+// runtimeHint turns a runtime's error that has a known cause into what an
+// operator can do about it ("" for others).
+func runtimeHint(msg string) string {
+	m := strings.ToLower(msg)
+	switch {
+	case strings.Contains(m, "idmap") || strings.Contains(m, "mount_setattr"):
+		return " (the session volume's filesystem does not support idmapped mounts, as NFS does not, so a pod in a user namespace cannot mount it: " +
+			"set TALKIDE_WORKER_USER_NAMESPACE=false, or use a storage class whose filesystem supports idmapped mounts; docs/deploying.md)"
+	case strings.Contains(m, "user namespace") && (strings.Contains(m, "not supported") || strings.Contains(m, "does not support")):
+		return " (this node's runtime cannot run pods in user namespaces: set TALKIDE_WORKER_USER_NAMESPACE=false, or place workers on nodes that can; docs/deploying.md)"
+	}
+	return ""
+}
+
 // podProblem says why pod is not ready, and whether it will not get there
 // by itself (an image that cannot be pulled, a crash loop, a bad config).
 func podProblem(pod *corev1.Pod) (string, bool) {
@@ -281,7 +301,16 @@ func podProblem(pod *corev1.Pod) (string, bool) {
 		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
 			switch w.Reason {
 			case "ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError", "InvalidImageName", "CreateContainerError":
-				return "container " + cs.Name + ": " + w.Reason + ": " + w.Message, true
+				msg := w.Message
+				// A crash loop's cause is its last exit: the runtime's refusal
+				// to start it, or the worker's own last words.
+				if last := cs.LastTerminationState.Terminated; last != nil && w.Reason == "CrashLoopBackOff" {
+					msg += "; last exit: " + last.Reason
+					if last.Message != "" {
+						msg += ": " + last.Message
+					}
+				}
+				return "container " + cs.Name + ": " + w.Reason + ": " + msg + runtimeHint(msg), true
 			}
 			return "container " + cs.Name + ": " + w.Reason, false
 		}

@@ -60,7 +60,19 @@ type Jail struct {
 	// the worker can add its own files under it (/etc/claude-code) without
 	// changing the host.
 	ReadOnly []string
+	// SharedProc gives the agent the worker's /proc instead of a new one,
+	// for hosts where no procfs can be mounted (a pod whose /proc the
+	// runtime masks, as every pod with hostUsers: true): the agent then
+	// sees the pod's process list and command lines, though it can neither
+	// read other users' process environments or memory nor signal a
+	// process outside its own PID namespace. Check sets it when it must.
+	SharedProc bool
 }
+
+// OOMScoreAdj is every agent process's oom_score_adj: when memory runs out
+// where the agents run (the pod's limit, the host), the kernel ends the
+// largest agent before the worker.
+const OOMScoreAdj = 1000
 
 // DefaultReadOnly is what an agent sees of the host: the operating system
 // and the tools installed with it. Home directories, /root, /srv, /var,
@@ -156,7 +168,12 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 		}
 		args = append(args, bindArgs("--ro-bind", p)...)
 	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run")
+	if j.SharedProc {
+		args = append(args, "--bind", "/proc", "/proc")
+	} else {
+		args = append(args, "--proc", "/proc")
+	}
+	args = append(args, "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run")
 	for _, p := range spec.ReadOnly {
 		args = append(args, bindArgs("--ro-bind", p)...)
 	}
@@ -194,6 +211,12 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 		if d := j.Limits.DiskBytes; d > 0 {
 			lim = append(lim, "--fsize="+strconv.FormatInt(d, 10))
 		}
+		// Without a control group the process limit is the kernel's per-
+		// user one: the agent's processes all run as its uid in its user
+		// namespace.
+		if n := j.Limits.Processes; n > 0 && j.Cgroups == nil {
+			lim = append(lim, "--nproc="+strconv.FormatInt(n, 10))
+		}
 		args = append(args, append(lim, "--")...)
 	}
 	args = append(args, spec.Path)
@@ -229,27 +252,31 @@ func (c *Cell) Start() error {
 		f.Close() // the child has its copies
 	}
 	c.parentFiles = nil
-	if c.cg != nil {
-		// bwrap waits on --block-fd before it runs the program, so every
-		// process of the jail exists and none has run agent code yet: move
-		// the whole tree. A fork racing with the move either shows up in
-		// the second scan or is born inside the group.
-		var err error
-		for range 2 {
-			for _, pid := range append([]int{c.Cmd.Process.Pid}, descendants(c.Cmd.Process.Pid)...) {
-				if e := c.cg.Add(pid); e != nil && !errors.Is(e, syscall.ESRCH) {
-					err = e
-				}
+	// bwrap waits on --block-fd before it runs the program, so every
+	// process of the jail exists and none has run agent code yet: mark (and
+	// move) the whole tree. A fork racing with it either shows up in the
+	// second scan or inherits from its parent.
+	var err error
+	for range 2 {
+		for _, pid := range append([]int{c.Cmd.Process.Pid}, descendants(c.Cmd.Process.Pid)...) {
+			// Best effort: raising it needs no privilege, and a process
+			// that exited meanwhile has none to set.
+			_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(OOMScoreAdj)), 0)
+			if c.cg == nil {
+				continue
+			}
+			if e := c.cg.Add(pid); e != nil && !errors.Is(e, syscall.ESRCH) {
+				err = e
 			}
 		}
-		if err != nil {
-			c.Kill()
-			_ = c.Cmd.Wait()
-			c.Close()
-			return err
-		}
 	}
-	_, err := c.block.Write([]byte{1})
+	if err != nil {
+		c.Kill()
+		_ = c.Cmd.Wait()
+		c.Close()
+		return err
+	}
+	_, err = c.block.Write([]byte{1})
 	c.block.Close()
 	c.block = nil
 	if err != nil {
@@ -421,9 +448,23 @@ func descendants(pid int) []int {
 
 // Check starts a probe in a jail, as u (nil: the worker's own user), and
 // reports what the host or pod lacks for it, in words an operator can act
-// on: bwrap missing or refused (user namespaces, seccomp), no private /proc
-// (a masked /proc), or a control group that cannot be made.
+// on: bwrap missing or refused (user namespaces, seccomp), or a control
+// group that cannot be made. Where no procfs can be mounted (a masked
+// /proc, as in every pod with hostUsers: true) but the rest works, it sets
+// SharedProc and succeeds: the caller reports the weaker guarantee.
 func (j *Jail) Check(u *User, scratch string) error {
+	err := j.check(u, scratch)
+	if err != nil && !j.SharedProc && strings.Contains(err.Error(), "mount proc") {
+		j.SharedProc = true
+		if err2 := j.check(u, scratch); err2 == nil {
+			return nil
+		}
+		j.SharedProc = false
+	}
+	return err
+}
+
+func (j *Jail) check(u *User, scratch string) error {
 	if err := os.MkdirAll(scratch, 0o700); err != nil {
 		return fmt.Errorf("jail check: %w", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +16,7 @@ import (
 	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/harness"
+	"github.com/talkide/talkide/internal/kubename"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
 )
@@ -66,50 +66,11 @@ type BuildConfig struct {
 	Gradle string
 }
 
-// ParseTolerations reads "key=value:Effect,key:Effect" (Equal with a
-// value, Exists without); an empty effect tolerates every effect of the
-// taint.
-func ParseTolerations(s string) ([]corev1.Toleration, error) {
-	var out []corev1.Toleration
-	for item := range strings.SplitSeq(s, ",") {
-		if item = strings.TrimSpace(item); item == "" {
-			continue
-		}
-		kv, effect, _ := strings.Cut(item, ":")
-		t := corev1.Toleration{Effect: corev1.TaintEffect(effect), Operator: corev1.TolerationOpExists}
-		key, value, hasValue := strings.Cut(kv, "=")
-		t.Key = key
-		if hasValue {
-			t.Operator, t.Value = corev1.TolerationOpEqual, value
-		}
-		switch t.Effect {
-		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
-		default:
-			return nil, fmt.Errorf("toleration %q: effect must be NoSchedule, PreferNoSchedule or NoExecute", item)
-		}
-		out = append(out, t)
-	}
-	return out, nil
-}
+// ParseTolerations reads "key=value:Effect,key:Effect" (kubename.ParseTolerations).
+func ParseTolerations(s string) ([]corev1.Toleration, error) { return kubename.ParseTolerations(s) }
 
-// ParseSelector reads "key=value,key=value".
-func ParseSelector(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for item := range strings.SplitSeq(s, ",") {
-		if item = strings.TrimSpace(item); item == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(item, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("node selector %q: want key=value", item)
-		}
-		out[k] = v
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return out, nil
-}
+// ParseSelector reads "key=value,key=value" (kubename.ParseSelector).
+func ParseSelector(s string) (map[string]string, error) { return kubename.ParseSelector(s) }
 
 // builds is the worker's build tool: its MCP server and, for Kubernetes,
 // the dispatcher whose Jobs Recover reconciles.

@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sandbox"
 )
@@ -26,7 +28,8 @@ const (
 )
 
 // ParseContainment reads the containment settings from getenv:
-// TALKIDE_CONTAINMENT (strict or weak), TALKIDE_AGENT_MEMORY and
+// TALKIDE_CONTAINMENT (strict or weak), TALKIDE_CONTAINMENT_REQUIRE
+// (guarantee names, comma-separated), TALKIDE_AGENT_MEMORY and
 // TALKIDE_AGENT_DISK (bytes, with an optional KiB/MiB/GiB/TiB suffix, or
 // "none"), TALKIDE_AGENT_PROCESSES (a count, or "none"),
 // TALKIDE_AGENT_CPU_WEIGHT (1-10000) and TALKIDE_AGENT_READ_PATHS
@@ -34,6 +37,11 @@ const (
 // sandbox.DefaultReadOnly). It fills the matching fields of c.
 func ParseContainment(getenv func(string) string, c *Config) error {
 	c.Containment = getenv("TALKIDE_CONTAINMENT")
+	for _, name := range strings.Split(getenv("TALKIDE_CONTAINMENT_REQUIRE"), ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			c.ContainmentRequire = append(c.ContainmentRequire, name)
+		}
+	}
 	for name, dst := range map[string]*int64{"TALKIDE_AGENT_MEMORY": &c.AgentLimits.MemoryBytes, "TALKIDE_AGENT_DISK": &c.AgentLimits.DiskBytes} {
 		if v := getenv(name); v != "" {
 			n, err := ParseBytes(v)
@@ -121,41 +129,216 @@ func (c *Config) validateContainment() error {
 	default:
 		return fmt.Errorf("TALKIDE_CONTAINMENT %q: want strict or weak", c.Containment)
 	}
+	for _, name := range c.ContainmentRequire {
+		if !slices.Contains(contract.Guarantees, name) {
+			return fmt.Errorf("TALKIDE_CONTAINMENT_REQUIRE: %q is no guarantee (want some of %s)", name, strings.Join(contract.Guarantees, ", "))
+		}
+	}
 	c.AgentLimits = c.AgentLimits.WithDefaults()
 	return c.AgentLimits.Validate()
 }
 
-// newJail builds the agents' jail and checks, once, that this host can run
-// it: with probe as the agent (nil: the worker's own user). In strict mode a
-// host that cannot is an error that says what it lacks; in weak mode it
-// gives no jail and a warning listing what does not hold.
-func newJail(c Config, name string, probe *sandbox.User, log *slog.Logger) (*sandbox.Jail, error) {
+// newJail builds the agents' jail and checks, once, what this host gives
+// it, with probe as the agent (nil: the worker's own user); agentUIDs says
+// whether each conversation gets a uid of its own. It returns the jail
+// (nil in weak mode) and the guarantees that hold here. Strict mode needs
+// bubblewrap and namespaces (else an error says what is missing); a
+// private /proc and a control group per agent are used where the host
+// gives them and reported missing where not, unless the operator requires
+// them (TALKIDE_CONTAINMENT_REQUIRE): then their absence is an error.
+func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *slog.Logger) (*sandbox.Jail, contract.Containment, error) {
+	rep := contract.Containment{Mode: c.Containment}
+	add := func(name string, held bool, detail string) {
+		rep.Guarantees = append(rep.Guarantees, contract.Guarantee{Name: name, Held: held, Detail: detail})
+	}
+	uidDetail := "each conversation's agent runs as a user id of its own"
+	if !agentUIDs {
+		uidDetail = "agents share one user id (TALKIDE_AGENT_USER, or a worker that is not root)"
+	}
+	userns, usernsDetail := inUserNamespace()
 	if c.Containment == ContainmentWeak {
 		log.Warn("agent containment is weak (TALKIDE_CONTAINMENT=weak): agents see every process of the host, have no memory, process or CPU limit, can leave processes behind that escape the worker's search, and no managed settings back the permission policy; use only where the host cannot give the worker a jail")
-		return nil, nil
+		add(contract.GuaranteeJail, false, "TALKIDE_CONTAINMENT=weak: agents run without a jail")
+		add(contract.GuaranteePrivateProc, false, "TALKIDE_CONTAINMENT=weak")
+		add(contract.GuaranteeCgroupLimits, false, "TALKIDE_CONTAINMENT=weak")
+		add(contract.GuaranteeProcessLimit, false, "TALKIDE_CONTAINMENT=weak")
+		add(contract.GuaranteeAgentUIDs, agentUIDs, uidDetail)
+		add(contract.GuaranteeWorkerUserNamespace, userns, usernsDetail)
+		return nil, rep, requireGuarantees(c, rep)
 	}
 	j := &sandbox.Jail{Limits: c.AgentLimits}
 	var err error
 	if j.Bwrap, err = exec.LookPath("bwrap"); err != nil {
-		return nil, errors.New("agent containment: bubblewrap (bwrap) is not installed: install it (Debian: apt-get install bubblewrap; make tools does) or set TALKIDE_CONTAINMENT=weak to run without it")
+		return nil, rep, errors.New("agent containment: bubblewrap (bwrap) is not installed: install it (Debian: apt-get install bubblewrap; make tools does) or set TALKIDE_CONTAINMENT=weak to run without it")
 	}
 	j.Prlimit, _ = exec.LookPath("prlimit")
 	if len(c.AgentReadPaths) > 0 {
 		j.ReadOnly = append(append([]string(nil), sandbox.DefaultReadOnly...), c.AgentReadPaths...)
 	}
+	cgroupDetail := ""
 	if j.Cgroups, err = sandbox.OpenCgroups(name); err != nil {
-		return nil, fmt.Errorf("agent containment: %w: the worker needs a writable cgroup (v2: a delegated /sys/fs/cgroup in its own cgroup namespace; v1: the memory and pids hierarchies) for the agents' limits, or TALKIDE_CONTAINMENT=weak", err)
+		// A pod's cgroup is read-only unless the node's runtime makes it
+		// writable: the rest of the jail still holds.
+		cgroupDetail = fmt.Sprintf("no writable control group (%v): an agent's memory is bounded only by the worker's own limit (where the kernel ends agents before the worker), and agents share the CPU without weights; a node whose runtime makes the pod's cgroup writable (containerd's cgroup_writable, cgroup v2) gives it", err)
+		j.Cgroups = nil
 	}
 	scratch, err := os.MkdirTemp("", "talkide-jail-check-")
 	if err != nil {
-		j.Cgroups.Close()
-		return nil, fmt.Errorf("agent containment: %w", err)
+		closeCgroups(j)
+		return nil, rep, fmt.Errorf("agent containment: %w", err)
 	}
 	if err := j.Check(probe, scratch); err != nil {
-		j.Cgroups.Close()
-		return nil, fmt.Errorf("agent containment: %w (or set TALKIDE_CONTAINMENT=weak)", err)
+		closeCgroups(j)
+		return nil, rep, fmt.Errorf("agent containment: %w (or set TALKIDE_CONTAINMENT=weak)", err)
 	}
-	log.Info("agents run in jails", "cgroup_version", j.Cgroups.Version(), "memory_bytes", c.AgentLimits.MemoryBytes,
+	add(contract.GuaranteeJail, true, "each agent runs in namespaces of its own (bubblewrap): its processes end with it, it sees only its conversation's files, and managed settings it cannot write carry the permission policy")
+	if j.SharedProc {
+		add(contract.GuaranteePrivateProc, false, "no procfs can be mounted here (the runtime masks the pod's /proc; an unmasked one needs hostUsers: false and procMount: Unmasked): agents see the pod's process list and command lines, though not other users' environments or memory, and cannot signal them")
+	} else {
+		add(contract.GuaranteePrivateProc, true, "each agent has a /proc of its own and sees only its own processes")
+	}
+	if j.Cgroups != nil {
+		add(contract.GuaranteeCgroupLimits, true, fmt.Sprintf("a control group per agent (cgroup v%d): memory, processes and CPU weight", j.Cgroups.Version()))
+		add(contract.GuaranteeProcessLimit, true, "by the agent's control group")
+	} else {
+		add(contract.GuaranteeCgroupLimits, false, cgroupDetail)
+		if c.AgentLimits.Processes > 0 && j.Prlimit != "" && agentUIDs {
+			add(contract.GuaranteeProcessLimit, true, "by the kernel's per-user process limit (RLIMIT_NPROC) of the agent's own uid")
+		} else {
+			add(contract.GuaranteeProcessLimit, false, "no control group, and no per-user limit that is the agent's alone (a uid per conversation and prlimit are needed)")
+		}
+	}
+	add(contract.GuaranteeAgentUIDs, agentUIDs, uidDetail)
+	add(contract.GuaranteeWorkerUserNamespace, userns, usernsDetail)
+	if err := requireGuarantees(c, rep); err != nil {
+		closeCgroups(j)
+		return nil, rep, err
+	}
+	cgroupVersion := 0
+	if j.Cgroups != nil {
+		cgroupVersion = j.Cgroups.Version()
+	}
+	log.Info("agents run in jails", "cgroup_version", cgroupVersion, "private_proc", !j.SharedProc, "memory_bytes", c.AgentLimits.MemoryBytes,
 		"processes", c.AgentLimits.Processes, "cpu_weight", c.AgentLimits.CPUWeight, "disk_bytes", c.AgentLimits.DiskBytes)
-	return j, nil
+	return j, rep, nil
 }
+
+func closeCgroups(j *sandbox.Jail) {
+	if j != nil && j.Cgroups != nil {
+		j.Cgroups.Close()
+	}
+}
+
+// logContainment says at start which guarantees hold here and, as a
+// warning, which do not and why (docs/security.md, "Agent containment").
+func logContainment(rep contract.Containment, log *slog.Logger) {
+	var held []string
+	for _, g := range rep.Guarantees {
+		if g.Held {
+			held = append(held, g.Name)
+		}
+	}
+	log.Info("agent containment", "mode", rep.Mode, "held", strings.Join(held, ","))
+	for _, g := range rep.Guarantees {
+		if !g.Held {
+			log.Warn("agent containment is weaker here", "guarantee", g.Name, "detail", g.Detail)
+		}
+	}
+}
+
+// requireGuarantees refuses a worker whose host does not give a guarantee
+// the operator requires (TALKIDE_CONTAINMENT_REQUIRE).
+func requireGuarantees(c Config, rep contract.Containment) error {
+	var miss []string
+	for _, name := range c.ContainmentRequire {
+		for _, g := range rep.Guarantees {
+			if g.Name == name && !g.Held {
+				miss = append(miss, fmt.Sprintf("%s (%s)", name, g.Detail))
+			}
+		}
+	}
+	if len(miss) > 0 {
+		return fmt.Errorf("agent containment: TALKIDE_CONTAINMENT_REQUIRE asks for what this host does not give: %s", strings.Join(miss, "; "))
+	}
+	return nil
+}
+
+// inUserNamespace reports whether the worker runs in a user namespace that
+// maps less than every id (a pod with hostUsers: false), from
+// /proc/self/uid_map, with a sentence saying so.
+func inUserNamespace() (bool, string) {
+	lo, n, err := uidMapRange()
+	if err != nil {
+		return false, fmt.Sprintf("cannot read /proc/self/uid_map: %v", err)
+	}
+	if lo == 0 && n == 1<<32-1 {
+		return false, "the worker runs in the host's user namespace: its root is root on the node (a pod with hostUsers: true); a session volume that supports idmapped mounts lets the pod run with hostUsers: false"
+	}
+	return true, fmt.Sprintf("the worker runs in a user namespace of its own (ids %d-%d inside): its root is an unprivileged uid on the node", lo, lo+n-1)
+}
+
+// uidMapRange returns the ids inside the worker's user namespace that map
+// to the host: the first and how many, of the extent holding uid 0 (the
+// whole range, 0 and 2^32-1, in the initial namespace).
+func uidMapRange() (first, count uint64, err error) {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		in, err1 := strconv.ParseUint(f[0], 10, 64)
+		n, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err1 == nil && err2 == nil && in == 0 {
+			return in, n, nil
+		}
+	}
+	return 0, 0, errors.New("uid 0 is not mapped")
+}
+
+// agentUIDRange is the range of per-conversation agent uids: configured
+// (its First and Count set), else sandbox.DefaultUIDs, which a worker in a
+// user namespace of 65536 ids (a pod with hostUsers: false) cannot map, so
+// there the default is the upper part of its own range. A configured range
+// outside the namespace is an error.
+func agentUIDRange(configured sandbox.UIDRange) (sandbox.UIDRange, error) {
+	lo, n, err := uidMapRange()
+	if err != nil {
+		return sandbox.UIDRange{}, fmt.Errorf("agent uids: %w", err)
+	}
+	return agentUIDRangeIn(configured, lo, n)
+}
+
+// agentUIDRangeIn is agentUIDRange in a user namespace mapping ids lo to
+// lo+n-1.
+func agentUIDRangeIn(configured sandbox.UIDRange, lo, n uint64) (sandbox.UIDRange, error) {
+	fits := func(r sandbox.UIDRange) bool {
+		return uint64(r.First) >= lo && uint64(r.First)+uint64(r.Count) <= lo+n
+	}
+	if configured.Count > 0 {
+		r := sandbox.DefaultUIDs
+		r.First, r.Count = configured.First, configured.Count
+		if !fits(r) {
+			return r, fmt.Errorf("agent uids %d-%d: the worker's user namespace maps only ids %d-%d", r.First, r.First+r.Count-1, lo, lo+n-1)
+		}
+		return r, nil
+	}
+	r := sandbox.DefaultUIDs
+	if fits(r) {
+		return r, nil
+	}
+	// Below 65534 (nobody), above the image's own accounts.
+	r.First = userNamespaceFirstUID
+	if uint64(r.First)+2 > lo+n {
+		return r, fmt.Errorf("agent uids: the worker's user namespace maps only ids %d-%d, too few for agents of their own", lo, lo+n-1)
+	}
+	r.Count = uint32(min(uint64(sandbox.DefaultUIDs.Count), lo+n-2-uint64(r.First)))
+	return r, nil
+}
+
+// userNamespaceFirstUID is the first agent uid in a user namespace of 65536
+// ids: 20000 to 65533, 45534 conversations.
+const userNamespaceFirstUID = 20000

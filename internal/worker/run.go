@@ -146,6 +146,11 @@ type Config struct {
 	// jail of its own, see sandbox.Jail, and the worker refuses to start
 	// where it cannot build one) or ContainmentWeak [TALKIDE_CONTAINMENT].
 	Containment string
+	// ContainmentRequire are guarantees (contract.Guarantees names) the
+	// worker refuses to start without [TALKIDE_CONTAINMENT_REQUIRE,
+	// comma-separated]. Empty: it starts with what the host gives and
+	// reports the rest (log, metric, GET /v1/worker).
+	ContainmentRequire []string
 	// AgentLimits are each conversation's limits [TALKIDE_AGENT_MEMORY,
 	// TALKIDE_AGENT_PROCESSES, TALKIDE_AGENT_CPU_WEIGHT, TALKIDE_AGENT_DISK];
 	// zero fields take sandbox.DefaultLimits (2 GiB, 512, 100, 10 GiB), -1
@@ -330,9 +335,10 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	switch {
 	case c.AgentUser == "self":
 	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
-		r := sandbox.DefaultUIDs
-		if c.AgentUIDRange.Count > 0 {
-			r.First, r.Count = c.AgentUIDRange.First, c.AgentUIDRange.Count
+		r, err := agentUIDRange(c.AgentUIDRange)
+		if err != nil {
+			localLn.Close()
+			return err
 		}
 		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
 		r.HostDir = c.HostUIDDir
@@ -363,14 +369,23 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	if agentUIDs != nil {
 		probe = &sandbox.Nobody
 	}
-	jail, err := newJail(c, cgroupName(identity), probe, log)
+	jail, containment, err := newJail(c, cgroupName(identity), probe, agentUIDs != nil, log)
 	if err != nil {
 		localLn.Close()
 		return err
 	}
-	if jail != nil {
-		defer jail.Cgroups.Close()
+	defer closeCgroups(jail)
+	logContainment(containment, log)
+	containmentGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "talkide_worker_containment",
+		Help: "1 for each agent-containment guarantee this worker's host gives, 0 for each it does not (docs/security.md, \"Agent containment\")."}, []string{"guarantee"})
+	for _, g := range containment.Guarantees {
+		v := 0.0
+		if g.Held {
+			v = 1
+		}
+		containmentGauge.WithLabelValues(g.Name).Set(v)
 	}
+	reg.MustRegister(containmentGauge)
 	bld, err := newBuilds(c, store, jail, func() (kubernetes.Interface, string, error) {
 		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
 		if err != nil {
@@ -425,6 +440,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
 	api.identity = identity.Holder
 	api.limits = limits
+	api.containment = containment
 	api.builds = bld.server
 	api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
 

@@ -45,6 +45,8 @@ type Server struct {
 	identity string
 	// limits, when set, refuses new work near the worker's limits (limits.go).
 	limits *admission
+	// containment is what agent containment guarantees here (GET /v1/worker).
+	containment contract.Containment
 }
 
 // NewServer returns the worker API over h. Requests must carry a request
@@ -67,6 +69,18 @@ func NewServer(h *harness.Harness, tenant, env string, keys []token.Key, log *sl
 	s.route("DELETE "+contract.PathStatus, s.deleteSession)
 	s.route("GET "+contract.PathEvents, s.streaming(s.events))
 	s.route("POST "+contract.PathPermission, s.answerPermission)
+	s.mux.Handle("GET "+contract.PathWorker, httpapi.Handle(s.log, func(w http.ResponseWriter, r *http.Request) error {
+		body, err := httpapi.ReadBody(w, r, httpapi.DefaultMaxBody)
+		if err != nil {
+			return err
+		}
+		if err := s.authenticate(r, body); err != nil {
+			return err
+		}
+		httpapi.AdoptRequestID(w, r)
+		httpapi.WriteJSON(w, http.StatusOK, contract.WorkerInfo{WorkerID: s.identity, Containment: s.containment})
+		return nil
+	}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

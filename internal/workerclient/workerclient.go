@@ -163,6 +163,14 @@ func (c *Client) Status(ctx context.Context, conv string) (contract.SessionStatu
 	return st, err
 }
 
+// Info returns the worker's description: the replica that answered and
+// its agent containment's guarantees (GET /v1/worker).
+func (c *Client) Info(ctx context.Context) (contract.WorkerInfo, error) {
+	var info contract.WorkerInfo
+	err := c.do(ctx, http.MethodGet, contract.PathWorker, nil, &info)
+	return info, err
+}
+
 // Ready reports whether the worker's /readyz answers 200.
 func (c *Client) Ready(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpapi.JoinURL(c.base, "/readyz").String(), nil)

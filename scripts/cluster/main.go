@@ -1,10 +1,12 @@
 // Command cluster builds and runs the test cluster of internal/kubetest by
 // hand (docs/testing.md, "Test cluster"):
 //
-//	cluster bins    build the pinned binaries into .cache/k8s/<versions>/ (once)
+//	cluster bins      build the control plane's pinned binaries into .cache/k8s/<versions>/ (once)
+//	cluster node-bins build the real node's (kubelet, containerd, runc, CNI, CoreDNS) into .cache/k8s/node-<versions>/
 //	cluster up      start the cluster in the background; prints KUBECONFIG=<path>
 //	cluster down    stop the cluster `up` started
 //	cluster serve   start the cluster in the foreground until Ctrl-C
+//	cluster demo    the cluster with its real node, the chart installed, a tenant-env provisioned (make cluster-demo)
 //
 // `make cluster-bins`, `make cluster` and `make cluster-down` call it. The
 // state of the background cluster (kubeconfig, certificates, logs) lives in
@@ -25,15 +27,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talkide/talkide/internal/clusterdemo"
 	"github.com/talkide/talkide/internal/kubetest"
 )
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: cluster bins|up|down|serve [-nodes N]")
+		fmt.Fprintln(os.Stderr, "usage: cluster bins|node-bins|up|down|serve|demo [flags]")
 		flag.PrintDefaults()
 	}
 	nodes := flag.Int("nodes", 1, "number of kwok fake nodes")
+	flag.BoolVar(&realNode, "real-node", os.Geteuid() == 0, "add a real node (kubelet, containerd, runc) beside the kwok nodes; needs root")
+	flag.BoolVar(&withUpstream, "upstream", false, "also serve the development upstream on the node's host address (the demo's)")
+	helm := flag.String("helm", "", "the helm binary (demo)")
 	if len(os.Args) < 2 {
 		flag.Usage()
 		os.Exit(2)
@@ -42,13 +48,16 @@ func main() {
 	_ = flag.CommandLine.Parse(os.Args[2:])
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cmd, *nodes); err != nil {
+	if err := run(ctx, cmd, *nodes, *helm); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, cmd string, nodes int) error {
+// realNode and withUpstream are the -real-node and -upstream flags.
+var realNode, withUpstream bool
+
+func run(ctx context.Context, cmd string, nodes int, helm string) error {
 	root, err := kubetest.RepoRoot()
 	if err != nil {
 		return err
@@ -63,22 +72,50 @@ func run(ctx context.Context, cmd string, nodes int) error {
 		}
 		fmt.Fprintf(os.Stderr, "cluster binaries %s in %s\n", v.Key(), bins)
 		return nil
+	case "node-bins":
+		nodeBins := kubetest.NodeBinDir(root, v)
+		if err := kubetest.EnsureNodeBuilt(ctx, nodeBins, v, os.Stderr); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "real node binaries %s in %s\n", v.NodeKey(), nodeBins)
+		return nil
 	case "up":
 		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
 			return err
 		}
-		return up(ctx, state, nodes)
+		if realNode {
+			if err := kubetest.EnsureNodeBuilt(ctx, kubetest.NodeBinDir(root, v), v, os.Stderr); err != nil {
+				return err
+			}
+		}
+		return up(ctx, state, nodes, false)
+	case "demo":
+		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
+			return err
+		}
+		if err := kubetest.EnsureNodeBuilt(ctx, kubetest.NodeBinDir(root, v), v, os.Stderr); err != nil {
+			return err
+		}
+		if helm == "" {
+			return errors.New("demo: -helm is required (make cluster-demo passes the pinned one)")
+		}
+		return demo(ctx, root, state, helm, nodes)
 	case "down":
 		return down(state)
 	case "serve":
 		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
 			return err
 		}
+		if realNode {
+			if err := kubetest.EnsureNodeBuilt(ctx, kubetest.NodeBinDir(root, v), v, os.Stderr); err != nil {
+				return err
+			}
+		}
 		return serve(ctx, bins, state, nodes, "")
 	case "serve-background": // started by up
 		return serve(ctx, bins, state, nodes, filepath.Join(state, "ready"))
 	}
-	return fmt.Errorf("unknown command %q (want bins, up, down or serve)", cmd)
+	return fmt.Errorf("unknown command %q (want bins, node-bins, up, down, serve or demo)", cmd)
 }
 
 // serve runs the cluster until ctx ends; ready, when set, gets the
@@ -87,13 +124,36 @@ func serve(ctx context.Context, bins, state string, nodes int, ready string) err
 	if err := os.RemoveAll(state); err != nil {
 		return err
 	}
-	c, err := kubetest.Start(ctx, kubetest.Options{BinDir: bins, Dir: state, Nodes: nodes, Log: os.Stderr})
+	opts := kubetest.Options{BinDir: bins, Dir: state, Nodes: nodes, Log: os.Stderr}
+	if realNode {
+		root, err := kubetest.RepoRoot()
+		if err != nil {
+			return err
+		}
+		opts.RealNode, opts.NodeBinDir = true, kubetest.NodeBinDir(root, kubetest.Pinned())
+		opts.NodeImages = clusterdemo.Images(root)
+	}
+	c, err := kubetest.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
+	if withUpstream {
+		if err := serveUpstream(ctx, state); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("KUBECONFIG=%s\n", c.Kubeconfig())
 	fmt.Fprintf(os.Stderr, "kubectl: %s\nlogs: %s/*.log\n", filepath.Join(bins, "kubectl"), state)
+	if realNode {
+		fmt.Fprintf(os.Stderr, "real node %s at %s (its logs: %s/*.log); images loaded: %d\n", kubetest.NodeName, kubetest.NodeAddr, c.NodeDir(), len(opts.NodeImages))
+		for _, img := range opts.NodeImages {
+			fmt.Fprintf(os.Stderr, "  %s (from %s)\n", img.Repository, img.Layout)
+		}
+		if f, _ := c.Node(); !f.NFTQueue {
+			fmt.Fprintln(os.Stderr, strings.Replace(kubetest.NoNetworkPolicyEnforcement, "is NOT tested", "is NOT enforced", 1))
+		}
+	}
 	if ready != "" {
 		if err := os.WriteFile(ready, []byte(c.Kubeconfig()), 0o600); err != nil {
 			return err
@@ -108,7 +168,7 @@ func serve(ctx context.Context, bins, state string, nodes int, ready string) err
 
 // up starts `serve-background` detached (its own session, output to
 // serve.log) and waits until it reports the cluster ready.
-func up(ctx context.Context, state string, nodes int) error {
+func up(ctx context.Context, state string, nodes int, upstream bool) error {
 	pidFile := filepath.Join(filepath.Dir(state), "cluster.pid")
 	if pid, ok := running(pidFile); ok {
 		kc, _ := os.ReadFile(filepath.Join(state, "ready"))
@@ -133,7 +193,7 @@ func up(ctx context.Context, state string, nodes int) error {
 		return err
 	}
 	defer logFile.Close()
-	cmd := exec.Command(self, "serve-background", "-nodes", strconv.Itoa(nodes))
+	cmd := exec.Command(self, "serve-background", "-nodes", strconv.Itoa(nodes), "-real-node="+strconv.FormatBool(realNode), "-upstream="+strconv.FormatBool(upstream))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -145,7 +205,7 @@ func up(ctx context.Context, state string, nodes int) error {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	ready := filepath.Join(state, "ready")
-	deadline := time.After(2 * time.Minute)
+	deadline := time.After(5 * time.Minute)
 	for {
 		if kc, err := os.ReadFile(ready); err == nil && len(kc) > 0 {
 			fmt.Printf("KUBECONFIG=%s\n", kc)
@@ -160,7 +220,7 @@ func up(ctx context.Context, state string, nodes int) error {
 			return fmt.Errorf("the cluster did not start (%v):\n%s", err, b)
 		case <-deadline:
 			_ = cmd.Process.Signal(syscall.SIGTERM)
-			return fmt.Errorf("the cluster was not ready within 2 minutes; see %s", logPath)
+			return fmt.Errorf("the cluster was not ready within 5 minutes; see %s", logPath)
 		case <-ctx.Done():
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			return ctx.Err()

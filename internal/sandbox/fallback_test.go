@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Without a control group (a pod whose cgroup is read-only) the jail still
+// bounds the agent's processes, by the kernel's per-user limit of its uid,
+// and marks every agent process first in line for the OOM killer, so the
+// worker survives an agent that exhausts the pod's memory.
+func TestJailWithoutCgroupsLimitsProcessesAndMarksForOOM(t *testing.T) {
+	j, u, dir := testJail(t, Limits{Processes: 30})
+	j.Cgroups.Close()
+	j.Cgroups = nil
+	out, c := runJailed(t, j, u, dir, `cat /proc/self/oom_score_adj; for i in $(seq 60); do sleep 5 & done; echo spawned`)
+	defer c.Close()
+	if f := strings.Fields(out); len(f) == 0 || f[0] != strconv.Itoa(OOMScoreAdj) {
+		t.Errorf("oom_score_adj of the agent: %q, want %d", out, OOMScoreAdj)
+	}
+	if !strings.Contains(out, "Resource temporarily unavailable") {
+		t.Errorf("60 processes started under a limit of 30: %q", out)
+	}
+}
+
+// Where the runtime masks /proc (every pod with hostUsers: true), no
+// procfs can be mounted in the agent's namespaces; Check then gives the
+// agent the worker's /proc and says so (SharedProc) instead of failing.
+// The masked /proc is made here as runtimes make it: /dev/null mounted over
+// a file of it (/proc/keys, or /proc/timer_list), in a mount namespace of
+// the check's own.
+func TestCheckFallsBackToTheWorkersProcWhereProcIsMasked(t *testing.T) {
+	if os.Getenv("TALKIDE_TEST_MASKED_PROC") == "1" {
+		j, _, dir := testJail(t, Limits{})
+		if err := j.Check(&User{UID: 299990, GID: 299990}, dir+"/check"); err != nil {
+			t.Fatalf("check under a masked /proc: %v", err)
+		}
+		if !j.SharedProc {
+			t.Fatal("check under a masked /proc passed without SharedProc: the test's mask did not take")
+		}
+		out, c := runJailed(t, j, &User{UID: 299990, GID: 299990}, dir, `ls /proc | grep -c '^[0-9]'`)
+		c.Close()
+		if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < 10 {
+			t.Errorf("with the worker's /proc the agent sees %q processes, want the host's", out)
+		}
+		return
+	}
+	j, _, dir := testJail(t, Limits{})
+	if err := j.Check(&User{UID: 299990, GID: 299990}, dir+"/check"); err != nil || j.SharedProc {
+		t.Fatalf("check on this host: %v, SharedProc %v: want a private /proc", err, j.SharedProc)
+	}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`f=/proc/keys; [ -e $f ] || f=/proc/timer_list; mount --bind /dev/null $f && exec "$0" -test.run '^TestCheckFallsBackToTheWorkersProcWhereProcIsMasked$' -test.count=1`, os.Args[0])
+	cmd.Env = append(os.Environ(), "TALKIDE_TEST_MASKED_PROC=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "PASS") {
+		t.Fatalf("under a masked /proc: %v\n%s", err, out)
+	}
+}
