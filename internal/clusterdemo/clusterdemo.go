@@ -174,7 +174,7 @@ stringData:
 		"--set", "image.repository="+ImageRepository+"/talkide-controlplane", "--set", "image.digest="+refs["talkide-controlplane"],
 		"--set", "worker.image.repository="+ImageRepository+"/talkide-worker", "--set", "worker.image.digest="+refs["talkide-worker"],
 		"--set", "builds.gradleImage.repository="+ImageRepository+"/talkide-builder-gradle", "--set", "builds.gradleImage.digest="+refs["talkide-builder-gradle"],
-		"--set", "worker.storageClass="+o.StorageClass, "--set", "worker.storageSize=2Gi",
+		"--set", "worker.storageClass="+o.StorageClass, "--set", "worker.storageSize=2Gi", "--set", "worker.hostUIDDir="+kubetest.NodeHostUIDDir,
 		"--set", "worker.resources.cpuRequest=100m", "--set", "worker.resources.memoryRequest=512Mi",
 		"--set", "resources.requests.cpu=50m"); err != nil {
 		return res, err

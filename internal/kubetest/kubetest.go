@@ -58,8 +58,6 @@ var sharedNode struct {
 	once    sync.Once
 	cluster *Cluster
 	err     error
-	// before is the host as it was before the node started.
-	before hostState
 }
 
 // Main runs the package's tests, stops the shared clusters if a test
@@ -76,7 +74,7 @@ func Main(m *testing.M) {
 	}
 	if sharedNode.cluster != nil {
 		sharedNode.cluster.Stop()
-		if left := sharedNode.before.diff(readHostState()); len(left) > 0 {
+		if left := sharedNode.cluster.TeardownLeftovers(); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: kubetest: the real node's teardown left this behind:\n  %s\n", strings.Join(left, "\n  "))
 			if code == 0 {
 				code = 1
@@ -130,7 +128,6 @@ func startSharedNode() (*Cluster, error) {
 	if testing.Verbose() {
 		log = os.Stderr
 	}
-	sharedNode.before = readHostState()
 	for attempt := 1; ; attempt++ {
 		c, err := Start(ctx, Options{BinDir: BinDir(root, v), NodeBinDir: NodeBinDir(root, v), RealNode: true, Log: log})
 		if err == nil {

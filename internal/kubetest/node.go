@@ -65,7 +65,13 @@ const (
 // CNI and `ip netns` use whatever is configured. Teardown removes what the
 // node created in them.
 var hostPaths = []string{"/run/containerd", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
-	"/var/lib/cni", "/run/netns", "/run/talkide", "/etc/cni", "/opt/cni", "/var/lib/containerd"}
+	"/var/lib/cni", "/run/netns", NodeHostUIDDir, "/etc/cni", "/opt/cni", "/var/lib/containerd"}
+
+// NodeHostUIDDir is the node-wide agent uid claim directory (a hostPath)
+// for the worker pods of tests on the real node: one of their own, which
+// teardown removes, never the machine's own /run/talkide/uids that workers
+// of other tests share.
+const NodeHostUIDDir = "/run/talkide/kubetest-node-uids"
 
 // kernelSysctls are the global settings kubelet changes at start (it
 // "protects kernel defaults" by writing them); they are restored after it
@@ -101,6 +107,12 @@ type node struct {
 	// entries then.
 	existed map[string][]string
 	sysctls map[string]string
+	// parentExisted: NodeHostUIDDir's parent existed before.
+	parentExisted bool
+	// before is the host's state before the node started; leftovers what
+	// cleanup found changed, with the lock still held.
+	before    hostState
+	leftovers []string
 	// procs in start order: containerd, kubelet, kube-proxy, coredns.
 	procs []*proc
 }
@@ -121,7 +133,7 @@ func prepareNode(ctx context.Context, clusterDir string, opts Options, log io.Wr
 		}
 	}
 	n := &node{dir: filepath.Join(clusterDir, nodeDirName), bins: opts.NodeBinDir, log: log}
-	if n.lock, err = lockNode(ctx, log); err != nil {
+	if n.lock, err = lockNode(ctx); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -133,11 +145,15 @@ func prepareNode(ctx context.Context, clusterDir string, opts Options, log io.Wr
 	if err := removeStaleNode(); err != nil {
 		return nil, err
 	}
+	// What teardown must leave, read while no node runs.
+	n.before = readHostState()
 	if err := checkNodeNetworks(); err != nil {
 		return nil, err
 	}
 	n.features = readNodeFeatures(n.bins)
 	n.existed = hostPathEntries()
+	_, err = os.Stat(filepath.Dir(NodeHostUIDDir))
+	n.parentExisted = err == nil
 	n.sysctls = map[string]string{}
 	for _, s := range kernelSysctls {
 		b, err := os.ReadFile("/proc/sys/" + s)
@@ -242,10 +258,12 @@ func NodeRunMissing() []string {
 	return miss
 }
 
-// lockNode takes the machine's node lock, waiting up to three minutes for
+// lockNode takes the machine's node lock, waiting up to 20 minutes for
 // another node (another test package, `make cluster`) to stop.
-func lockNode(ctx context.Context, log io.Writer) (net.Listener, error) {
-	deadline := time.Now().Add(3 * time.Minute)
+func lockNode(ctx context.Context) (net.Listener, error) {
+	// Test packages with a real node take turns: long enough for the
+	// longest to finish.
+	deadline := time.Now().Add(20 * time.Minute)
 	said := false
 	for {
 		l, err := net.Listen("unix", nodeLock)
@@ -253,10 +271,10 @@ func lockNode(ctx context.Context, log io.Writer) (net.Listener, error) {
 			return l, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("kubetest: another real node runs on this machine (`make cluster`, or another test); one runs at a time: stop it with `make cluster-down` (%v)", err)
+			return nil, fmt.Errorf("kubetest: another real node has run on this machine for 20 minutes (`make cluster`, or another test); one runs at a time: stop it with `make cluster-down` (lock %s)", nodeLock)
 		}
 		if !said {
-			fmt.Fprintf(log, "kubetest: waiting for the real node another process runs on this machine to stop\n")
+			fmt.Fprintf(os.Stderr, "kubetest: waiting for the real node another process runs on this machine to stop (another test package, or `make cluster`)\n")
 			said = true
 		}
 		select {
@@ -733,9 +751,18 @@ func (n *node) cleanup() error {
 			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, err)
 			}
+			// The kubelet made its parent too when it was missing: gone
+			// when nothing else is in it.
+			if p == NodeHostUIDDir && !n.parentExisted {
+				_ = syscall.Rmdir(filepath.Dir(p))
+			}
 		}
 	}
 	n.restoreSysctls()
+	// Checked before the lock goes: then no other node has started.
+	if n.before.sysctls != nil {
+		n.leftovers = n.before.diff(readHostState())
+	}
 	if n.lock != nil {
 		n.lock.Close()
 	}
@@ -752,7 +779,7 @@ func nodeMount(point string) bool {
 	if strings.Contains(point+"/", "/"+nodeDirName+"/") {
 		return true
 	}
-	for _, p := range []string{"/run/containerd", "/var/lib/kubelet", "/run/talkide"} {
+	for _, p := range []string{"/run/containerd", "/var/lib/kubelet", NodeHostUIDDir} {
 		if point == p || strings.HasPrefix(point, p+"/") {
 			return true
 		}
@@ -982,6 +1009,17 @@ func (n *node) removeVolume(dir string) {
 	}
 	os.RemoveAll(dir)
 	os.RemoveAll(dir + ".backing")
+}
+
+// TeardownLeftovers lists what the real node's teardown (Stop) left on the
+// host that was not there before it started: processes, mounts, cgroups,
+// links, routes, rules, sysctls, host paths. Empty when it left nothing,
+// and without a real node.
+func (c *Cluster) TeardownLeftovers() []string {
+	if c.node == nil {
+		return nil
+	}
+	return c.node.leftovers
 }
 
 // Node reports the real node's features; ok is false without a real node.

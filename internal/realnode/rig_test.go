@@ -139,7 +139,7 @@ func startPlane(t *testing.T, c *kubetest.Cluster, cfg func(*provision.Config)) 
 		Platform: &platformtest.Platform{T: t, URL: cpURL, UserToken: userTok, Tenant: tenant, Env: "dev"}}
 	pc := provision.Config{
 		Installation: "rn-" + tenant, Image: images.worker, BuildImage: images.builder,
-		GatewayURL: cpURL, ControlPlaneNamespace: "talkide-system",
+		GatewayURL: cpURL, ControlPlaneNamespace: "talkide-system", HostUIDDir: kubetest.NodeHostUIDDir,
 		StorageClass: kubetest.StorageClass, StorageSize: resource.MustParse("1Gi"),
 		Resync: 2 * time.Second, TerminatingWait: 10 * time.Second,
 		// Small requests: the node is this machine.

@@ -18,6 +18,10 @@ import (
 // gets.
 const upstreamFile = "devupstream.json"
 
+// demoURLFile, in the cluster's state dir, holds the demo's URL (with its
+// user's token; 0600) once it is installed.
+const demoURLFile = "demo-url"
+
 // upstreamInfo is what upstreamFile holds.
 type upstreamInfo struct {
 	URL string `json:"url"`
@@ -46,26 +50,36 @@ func demo(ctx context.Context, root, state, helm string, nodes int) error {
 	if len(clusterdemo.Images(root)) != len(clusterdemo.ImageNames) {
 		return errors.New("the demo needs the three images of `make images`")
 	}
-	if err := up(ctx, state, nodes, true); err != nil {
+	if err := up(ctx, state, nodes, true, true); err != nil {
 		return err
 	}
 	kc, err := os.ReadFile(filepath.Join(state, "ready"))
 	if err != nil {
 		return err
 	}
+	kubeconfig := strings.TrimSpace(string(kc))
+	// A demo that ran on this cluster already: its URL again.
+	if b, err := os.ReadFile(filepath.Join(state, demoURLFile)); err == nil {
+		fmt.Fprintln(os.Stderr, "cluster-demo: the demo already runs on this cluster (make cluster-down stops it)")
+		fmt.Printf("KUBECONFIG=%s\nURL=%s\n", kubeconfig, strings.TrimSpace(string(b)))
+		return nil
+	}
 	var upInfo upstreamInfo
 	if b, err := os.ReadFile(filepath.Join(state, upstreamFile)); err != nil || json.Unmarshal(b, &upInfo) != nil {
-		return fmt.Errorf("the development upstream's address (%s): %v", upstreamFile, err)
+		return fmt.Errorf("the running cluster was started without the demo's development upstream (by make cluster?): stop it with `make cluster-down`, then run `make cluster-demo` again (%v)", err)
 	}
 	kubectl := filepath.Join(kubetest.BinDir(root, kubetest.Pinned()), "kubectl")
-	res, err := clusterdemo.Install(ctx, clusterdemo.Options{Root: root, Kubeconfig: strings.TrimSpace(string(kc)),
+	res, err := clusterdemo.Install(ctx, clusterdemo.Options{Root: root, Kubeconfig: kubeconfig,
 		Kubectl: kubectl, Helm: helm, UpstreamURL: upInfo.URL, UpstreamKey: upInfo.Key, Log: os.Stderr})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "cluster-demo: ready. The control plane runs in a pod of the real node; a message you send runs in\n"+
 		"the worker's pod there (namespace %s-%s). kubectl: %s. Stop everything with `make cluster-down`.\n", clusterdemo.Tenant, clusterdemo.Env, kubectl)
-	fmt.Printf("KUBECONFIG=%s\n", strings.TrimSpace(string(kc)))
+	if err := os.WriteFile(filepath.Join(state, demoURLFile), []byte(res.URL+"\n"), 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("KUBECONFIG=%s\n", kubeconfig)
 	fmt.Printf("URL=%s\n", res.URL)
 	return nil
 }

@@ -88,7 +88,7 @@ func run(ctx context.Context, cmd string, nodes int, helm string) error {
 				return err
 			}
 		}
-		return up(ctx, state, nodes, false)
+		return up(ctx, state, nodes, false, false)
 	case "demo":
 		if err := kubetest.EnsureBuilt(ctx, bins, v, os.Stderr); err != nil {
 			return err
@@ -168,11 +168,15 @@ func serve(ctx context.Context, bins, state string, nodes int, ready string) err
 
 // up starts `serve-background` detached (its own session, output to
 // serve.log) and waits until it reports the cluster ready.
-func up(ctx context.Context, state string, nodes int, upstream bool) error {
+// up prints KUBECONFIG=<path> once the cluster is ready, unless quiet (the
+// demo prints it at its end).
+func up(ctx context.Context, state string, nodes int, upstream, quiet bool) error {
 	pidFile := filepath.Join(filepath.Dir(state), "cluster.pid")
 	if pid, ok := running(pidFile); ok {
 		kc, _ := os.ReadFile(filepath.Join(state, "ready"))
-		fmt.Printf("KUBECONFIG=%s\n", kc)
+		if !quiet {
+			fmt.Printf("KUBECONFIG=%s\n", kc)
+		}
 		fmt.Fprintf(os.Stderr, "the cluster is already running (pid %d); stop it with `make cluster-down`\n", pid)
 		return nil
 	}
@@ -208,7 +212,9 @@ func up(ctx context.Context, state string, nodes int, upstream bool) error {
 	deadline := time.After(5 * time.Minute)
 	for {
 		if kc, err := os.ReadFile(ready); err == nil && len(kc) > 0 {
-			fmt.Printf("KUBECONFIG=%s\n", kc)
+			if !quiet {
+				fmt.Printf("KUBECONFIG=%s\n", kc)
+			}
 			fmt.Fprintf(os.Stderr, "the cluster runs in the background (pid %d, log %s)\n"+
 				"use it with: export KUBECONFIG=%s\nstop it with: make cluster-down\n", cmd.Process.Pid, logPath, kc)
 			return nil
