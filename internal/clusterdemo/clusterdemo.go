@@ -55,13 +55,17 @@ func Images(root string) []kubetest.NodeImage {
 }
 
 // ServeUpstream serves the development upstream, standing in for
-// Anthropic outside the cluster, on the real node's host address (pods
-// reach it there), with a fresh key, until ctx ends. It returns its URL and
-// key.
-func ServeUpstream(ctx context.Context) (url, key string, err error) {
+// Anthropic outside the cluster, on the real node's host address, with a
+// fresh key, until ctx ends; allow (the cluster's AllowPodsToHost) opens
+// its port to the node's pods. It returns its URL and key.
+func ServeUpstream(ctx context.Context, allow func(port int) error) (url, key string, err error) {
 	key = "sk-ant-demo-" + randomToken(24)
 	ln, err := net.Listen("tcp", kubetest.HostAddr+":0")
 	if err != nil {
+		return "", "", err
+	}
+	if err := allow(ln.Addr().(*net.TCPAddr).Port); err != nil {
+		ln.Close()
 		return "", "", err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -86,6 +90,9 @@ type Options struct {
 	StorageClass string
 	// Log gets a line per step. Nil: none.
 	Log io.Writer
+	// UserToken is an earlier Install's (a second demo on the same
+	// cluster): kept when the control plane still knows it.
+	UserToken string
 }
 
 // The demo's namespace, tenant-env and user.
@@ -106,9 +113,12 @@ type Installed struct {
 	AdminToken string
 }
 
-// Install installs the chart with the images of `make images` (imported
-// into the real node), provisions Tenant/Env through the operator API,
-// waits until its worker is Ready on the real node, and adds User.
+// Install installs (or upgrades) the chart with the images of `make
+// images` (imported into the real node), provisions Tenant/Env through the
+// operator API, waits until its worker is Ready on the real node, and adds
+// User (keeping Options.UserToken where it still signs in). Running it
+// again is safe: it moves the control plane and the worker to the images
+// now built.
 func Install(ctx context.Context, o Options) (Installed, error) {
 	var res Installed
 	if o.StorageClass == "" {
@@ -144,6 +154,17 @@ func Install(ctx context.Context, o Options) (Installed, error) {
 		return string(out), nil
 	}
 
+	// A Secret of an earlier install stays: a new master key would void
+	// every token the control plane gave.
+	if out, err := run(nil, o.Kubectl, "-n", Namespace, "get", "secret", "talkide-controlplane", "-o", "jsonpath={.data.admin-token}"); err == nil {
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(out))
+		if err != nil || len(b) == 0 {
+			return res, fmt.Errorf("the Secret talkide-controlplane of %s has no admin-token", Namespace)
+		}
+		res.AdminToken = string(b)
+		step("the control plane's Secret exists: kept")
+		return res, install(ctx, o, &res, refs, run, step)
+	}
 	step("the control plane's namespace and Secret (a fresh master key and admin token; the development upstream's key)")
 	master, err := token.NewMasterKey("k1")
 	if err != nil {
@@ -166,7 +187,13 @@ stringData:
 	if _, err := run(strings.NewReader(manifest), o.Kubectl, "apply", "-f", "-"); err != nil {
 		return res, err
 	}
-	step("the chart (helm upgrade --install: one replica, SQLite inside its pod)")
+	return res, install(ctx, o, &res, refs, run, step)
+}
+
+// install is Install after the Secret: the chart, the tenant-env, the user.
+func install(ctx context.Context, o Options, res *Installed, refs map[string]string,
+	run func(io.Reader, string, ...string) (string, error), step func(string)) error {
+	step("the chart (helm upgrade --install: one replica, SQLite on a volume of its own)")
 	if _, err := run(nil, o.Helm, "upgrade", "--install", "talkide", filepath.Join(o.Root, "deploy", "helm", "talkide"),
 		"-n", Namespace, "--wait", "--timeout", "5m",
 		"--set", "replicaCount=1", "--set", "database.embedded=true",
@@ -177,24 +204,47 @@ stringData:
 		"--set", "worker.storageClass="+o.StorageClass, "--set", "worker.storageSize=2Gi", "--set", "worker.hostUIDDir="+kubetest.NodeHostUIDDir,
 		"--set", "worker.resources.cpuRequest=100m", "--set", "worker.resources.memoryRequest=512Mi",
 		"--set", "resources.requests.cpu=50m"); err != nil {
-		return res, err
+		return err
 	}
 	ip, err := run(nil, o.Kubectl, "-n", Namespace, "get", "service", "talkide-controlplane", "-o", "jsonpath={.spec.clusterIP}")
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.BaseURL = "http://" + strings.TrimSpace(ip) + ":8080"
 	step("provisioning tenant " + Tenant + ", env " + Env + " on the real node (" + res.BaseURL + "/api/admin/workers/" + Tenant + "/" + Env + ")")
 	if err := provision(ctx, res.BaseURL, res.AdminToken); err != nil {
-		return res, err
+		return err
 	}
-	res.UserToken = "tk_" + randomToken(24)
-	if _, err := run(nil, o.Kubectl, "-n", Namespace, "exec", "deploy/talkide-controlplane", "--",
-		"talkide-controlplane", "add-user", "-id", User, "-grant", Tenant+"/"+Env, "-token", res.UserToken); err != nil {
-		return res, err
+	if o.UserToken != "" && knownUser(ctx, res.BaseURL, o.UserToken) {
+		res.UserToken = o.UserToken
+	} else {
+		res.UserToken = "tk_" + randomToken(24)
+		// User, or, when a lost token's user exists, one of another name.
+		for _, id := range []string{User, User + "-" + strings.ToLower(randomToken(4))} {
+			out, err := run(nil, o.Kubectl, "-n", Namespace, "exec", "deploy/talkide-controlplane", "--",
+				"talkide-controlplane", "add-user", "-id", id, "-grant", Tenant+"/"+Env, "-token", res.UserToken)
+			if err == nil {
+				break
+			}
+			if !strings.Contains(out, "exists") || id != User {
+				return err
+			}
+		}
 	}
 	res.URL = res.BaseURL + "/#token=" + res.UserToken
-	return res, nil
+	return nil
+}
+
+// knownUser reports whether the control plane at base signs tok in.
+func knownUser(ctx context.Context, base, tok string) bool {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/me", nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // provision provisions the demo's tenant-env through the operator API and

@@ -39,7 +39,7 @@ func TestInstallOnTheRealNode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	upURL, upKey, err := ServeUpstream(ctx)
+	upURL, upKey, err := ServeUpstream(ctx, c.AllowPodsToHost)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +86,26 @@ func TestInstallOnTheRealNode(t *testing.T) {
 		t.Fatalf("the UI at %s: %v %v", res.BaseURL, err, resp)
 	}
 	resp.Body.Close()
+
+	// The control plane's pod replaced: its database (on a volume of its
+	// own) keeps the user and the worker; installing again keeps both.
+	if err := c.Client().CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Install(ctx, Options{Root: root, Kubeconfig: c.Kubeconfig(),
+		Kubectl: filepath.Join(kubetest.BinDir(root, kubetest.Pinned()), "kubectl"), Helm: pinnedHelm(t, root),
+		UpstreamURL: upURL, UpstreamKey: upKey, Log: testLog{t}, UserToken: res.UserToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.UserToken != res.UserToken || again.AdminToken != res.AdminToken {
+		t.Errorf("a second install changed the user's or the admin's token")
+	}
+	if id := p.SendRetrying(conv, "please run `echo after-restart`"); true {
+		if ev, ok := w.TurnEnd(id, 3*time.Minute); !ok || ev.Type != contract.EventTurnCompleted {
+			t.Errorf("the conversation after the control plane's restart: %v %s", ok, ev.Data)
+		}
+	}
 }
 
 // pinnedHelm is the Helm 4 of deploy/versions.env, as `make helm` builds it.

@@ -467,8 +467,10 @@ type LimitReached struct {
 	Limit string `json:"limit"`
 	// Max is the limit: bytes for memory and disk, a count for processes.
 	Max int64 `json:"max"`
-	// Used is the use seen when the limit was hit (bytes for disk; the
-	// number of hits for memory and processes since the agent started).
+	// Used is the use seen when the limit was hit: bytes for disk, and for
+	// memory where no cgroup counts it (the agent's resident bytes, or the
+	// worker's when its own memory ran short); else the number of hits
+	// since the agent started.
 	Used int64 `json:"used"`
 	// Message says what happened and what the user can do.
 	Message string `json:"message"`

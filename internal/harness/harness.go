@@ -306,6 +306,9 @@ func (h *Harness) Run(ctx context.Context) error {
 		wg.Go(func() { h.renewLoop(loopCtx) })
 	}
 	wg.Go(func() { h.recoverLoop(loopCtx) })
+	if j := h.cfg.Jail; j != nil && j.Cgroups == nil {
+		wg.Go(func() { h.memoryGuard(loopCtx) })
+	}
 	<-ctx.Done()
 	stopLoops()
 	wg.Wait()

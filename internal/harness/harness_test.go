@@ -47,7 +47,10 @@ type rigOptions struct {
 	permTimeout  time.Duration
 	// noJail runs CLIs unjailed (TALKIDE_CONTAINMENT=weak); limits are the
 	// jail's (zero: defaults); diskLimit caps each conversation's disk use.
-	noJail    bool
+	noJail bool
+	// noCgroups jails CLIs without control groups, as in a pod whose
+	// cgroup is read-only.
+	noCgroups bool
 	limits    sandbox.Limits
 	diskLimit int64
 	// wrapLeases, when set, wraps the rig's lease backend (to count its
@@ -98,6 +101,10 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	var jail *sandbox.Jail
 	if !o.noJail {
 		jail = testJail(t, o.limits)
+		if o.noCgroups {
+			jail.Cgroups.Close()
+			jail.Cgroups = nil
+		}
 	}
 	local := localproxy.NewServer(&localproxy.NoOpGatewayProxy{Upstream: upURL}, log)
 	ln, err := local.Listen()

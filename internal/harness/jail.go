@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -170,6 +171,18 @@ func (s *session) checkLimits(p *process) {
 	}
 	p.mu.Unlock()
 	l := s.h.cfg.Jail.Limits
+	if !p.cell.HasCgroup() && l.MemoryBytes > 0 {
+		// No cgroup bounds the jail: its processes' resident memory,
+		// sampled, does (memoryGuard keeps the worker's whole below its
+		// limit).
+		if rss := p.cell.ResidentBytes(); rss > l.MemoryBytes && !p.stopping() {
+			s.limitReached(contract.LimitReached{Limit: contract.LimitMemory, Max: l.MemoryBytes, Used: rss,
+				Message: fmt.Sprintf("the agent's processes held %d MiB, over its memory limit of %d MiB; the running turn was stopped", rss>>20, l.MemoryBytes>>20)})
+			p.beginStop("memory limit")
+			p.kill()
+			return
+		}
+	}
 	if oom > 0 {
 		s.limitReached(contract.LimitReached{Limit: contract.LimitMemory, Max: l.MemoryBytes, Used: c.OOMKills,
 			Message: fmt.Sprintf("the agent's processes reached their memory limit of %d MiB; the largest was ended", l.MemoryBytes>>20)})
@@ -177,6 +190,68 @@ func (s *session) checkLimits(p *process) {
 	if procs > 0 {
 		s.limitReached(contract.LimitReached{Limit: contract.LimitProcesses, Max: l.Processes, Used: c.ProcessLimitHits,
 			Message: fmt.Sprintf("the agent reached its limit of %d processes; new ones were refused", l.Processes)})
+	}
+}
+
+// Where agents have no cgroup of their own, the kernel's OOM killer, once
+// the worker's memory (its pod's) runs out, ends the largest process,
+// whichever conversation's: memoryGuard ends the jail that holds the most
+// first, while memoryGuardAt of the limit is still free.
+const (
+	memoryGuardEvery = 250 * time.Millisecond
+	memoryGuardAt    = 0.9
+	// memoryGuardSettle is how long after stopping a jail the guard waits
+	// for its memory to be freed before it would stop another.
+	memoryGuardSettle = 2 * time.Second
+)
+
+// memoryGuard keeps the worker's own memory below memoryGuardAt of its
+// limit, until ctx ends, by ending the jail with the most resident memory
+// (the conversation gets a limit_reached event).
+func (h *Harness) memoryGuard(ctx context.Context) {
+	if _, _, ok := sandbox.OwnMemory(); !ok {
+		h.log.Warn("the worker's own memory cannot be read: only the kernel's OOM killer bounds the agents' memory together")
+		return
+	}
+	t := time.NewTicker(memoryGuardEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		used, limit, ok := sandbox.OwnMemory()
+		if !ok || float64(used) < memoryGuardAt*float64(limit) {
+			continue
+		}
+		var victim *session
+		var victimProc *process
+		var most int64
+		for _, s := range h.loaded() {
+			s.mu.Lock()
+			p := s.proc
+			s.mu.Unlock()
+			if p == nil || p.cell == nil || p.stopping() {
+				continue
+			}
+			if rss := p.cell.ResidentBytes(); rss > most {
+				victim, victimProc, most = s, p, rss
+			}
+		}
+		if victim == nil {
+			continue
+		}
+		victim.limitReached(contract.LimitReached{Limit: contract.LimitMemory, Max: limit, Used: used,
+			Message: fmt.Sprintf("the worker's memory is nearly exhausted (%d of %d MiB); this conversation's agent held the most (%d MiB), and its running turn was stopped",
+				used>>20, limit>>20, most>>20)})
+		victimProc.beginStop("worker memory")
+		victimProc.kill()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(memoryGuardSettle):
+		}
 	}
 }
 

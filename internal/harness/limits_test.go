@@ -123,3 +123,33 @@ func TestAgentDiskLimitCountsDeletedOpenFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentMemoryLimitWithoutCgroups: where agents have no control group
+// (a pod whose cgroup is read-only), an agent holding more than its memory
+// limit is found by sampling and its turn stopped, with a limit_reached
+// event; another conversation goes on. (The kernel's OOM killer would end
+// the largest process of the whole worker, whichever conversation's.)
+func TestAgentMemoryLimitWithoutCgroups(t *testing.T) {
+	r := startRig(t, rigOptions{noCgroups: true, limits: sandbox.Limits{MemoryBytes: 400 << 20}})
+	mustCreate(t, r.h, "hog")
+	mustCreate(t, r.h, "other")
+	e := r.follow(t, "hog")
+	o := r.follow(t, "other")
+	// 900 MB held by tail (no newline in its input), and a minute's sleep
+	// that must not be reached.
+	mustSend(t, r.h, "hog", "m1", "please run `head -c 900000000 /dev/zero | tail > /dev/null; sleep 60; echo not-stopped`")
+	mem := limitEvent(t, e, contract.LimitMemory, 3*time.Minute)
+	if mem.Max != 400<<20 || mem.Used <= 400<<20 || !strings.Contains(mem.Message, "memory limit") {
+		t.Errorf("memory limit event: %+v", mem)
+	}
+	waitEvent(t, e, contract.EventTurnFailed, 0, 3*time.Minute)
+	for _, ev := range e.snapshot() {
+		if ev.Type == contract.EventToolResult && strings.Contains(string(ev.Data), "not-stopped") {
+			t.Error("the turn went on past the memory limit")
+		}
+	}
+	mustSend(t, r.h, "other", "m1", "please run `echo other-alive`")
+	if tr, _ := waitEvent(t, o, contract.EventToolResult, 0, 3*time.Minute); !strings.Contains(payload[contract.ToolResult](t, tr).Content, "other-alive") {
+		t.Errorf("the other conversation's command: %s", tr.Data)
+	}
+}

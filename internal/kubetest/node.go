@@ -352,6 +352,9 @@ func (n *node) start(ctx context.Context, c *Cluster, opts Options, log io.Write
 		return err
 	}
 	n.restoreSysctls()
+	if err := n.fencePods(c.apiPort); err != nil {
+		return err
+	}
 	if err := n.startProxyAndDNS(ctx, c); err != nil {
 		return err
 	}
@@ -697,6 +700,48 @@ conntrack:
 	})
 }
 
+// podEgressChain holds what pods may reach outside the node: their replies,
+// and the ports of the host's end that AllowPodsToHost opened (the API
+// server's first); everything else leaving the node from a pod is
+// refused, so an agent in a test's pod reaches none of the machine's own
+// services, whatever address they listen on.
+const podEgressChain = "TALKIDE-POD-EGRESS"
+
+// iptables runs iptables in the node's network namespace.
+func (n *node) iptables(args ...string) error {
+	full := append([]string{"--net=/run/netns/" + nodeNetns, "--", "iptables", "-w"}, args...)
+	if out, err := exec.Command("nsenter", full...).CombinedOutput(); err != nil {
+		return fmt.Errorf("kubetest: iptables %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// fencePods makes podEgressChain, opening apiPort on the host's end.
+func (n *node) fencePods(apiPort int) error {
+	for _, r := range [][]string{
+		{"-N", podEgressChain},
+		{"-A", podEgressChain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
+		{"-A", podEgressChain, "-d", HostAddr, "-p", "tcp", "--dport", itoa(apiPort), "-j", "ACCEPT"},
+		{"-A", podEgressChain, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"},
+		{"-I", "FORWARD", "1", "-s", PodCIDR, "-o", nodeVeth, "-j", podEgressChain},
+	} {
+		if err := n.iptables(r...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AllowPodsToHost lets the real node's pods reach TCP port on HostAddr
+// (a test's control plane, or the development upstream, listening there);
+// pods reach no other port of the host.
+func (c *Cluster) AllowPodsToHost(port int) error {
+	if c.node == nil {
+		return errors.New("kubetest: no real node")
+	}
+	return c.node.iptables("-I", podEgressChain, "2", "-d", HostAddr, "-p", "tcp", "--dport", itoa(port), "-j", "ACCEPT")
+}
+
 // restoreSysctls puts back the global settings the kubelet changed.
 func (n *node) restoreSysctls() {
 	for k, v := range n.sysctls {
@@ -978,21 +1023,44 @@ func pollFor(ctx context.Context, what string, cond func() (bool, error)) error 
 // its path; noIdmap makes it a bindfs mount of a backing directory beside
 // it (a FUSE filesystem, which refuses idmapped mounts as NFS does).
 func (n *node) makeVolume(id string, noIdmap bool) (string, error) {
+	// Open to every uid, as NFS provisioners make them (the
+	// nfs-subdir-external-provisioner's are 0777): a pod of any user may
+	// use its volume.
 	dir := filepath.Join(n.dir, "volumes", id)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirMode(dir, 0o777); err != nil {
 		return "", err
 	}
 	if !noIdmap {
 		return dir, nil
 	}
 	backing := dir + ".backing"
-	if err := os.MkdirAll(backing, 0o755); err != nil {
+	if err := mkdirMode(backing, 0o777); err != nil {
 		return "", err
 	}
 	if out, err := exec.Command("bindfs", "-o", "allow_other,dev,suid", backing, dir).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("bindfs %s: %v: %s", dir, err, out)
 	}
 	return dir, nil
+}
+
+// mkdirMode makes dir (and its parents) and gives it mode, whatever the
+// umask.
+func mkdirMode(dir string, mode os.FileMode) error {
+	if err := os.MkdirAll(dir, mode); err != nil {
+		return err
+	}
+	return os.Chmod(dir, mode)
+}
+
+// ImportImage imports img into the real node of the cluster whose state
+// directory is clusterDir (a cluster `make cluster` runs, from another
+// process), with the node binaries of nodeBins.
+func ImportImage(ctx context.Context, clusterDir, nodeBins string, img NodeImage) error {
+	n := &node{dir: filepath.Join(clusterDir, nodeDirName), bins: nodeBins}
+	if _, err := os.Stat(n.containerdSock()); err != nil {
+		return fmt.Errorf("kubetest: no real node runs in %s: %w", clusterDir, err)
+	}
+	return n.importImage(ctx, img)
 }
 
 // removeVolume unmounts and removes a volume makeVolume made.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,6 +144,63 @@ func TestRealNodeRunsPods(t *testing.T) {
 	if out := c.kubectl(t, "-n", ns, "exec", "probe", "--", "id", "-u"); strings.TrimSpace(out) != "0" {
 		t.Errorf("exec id -u: %q", out)
 	}
+
+	// Pods reach the host only on the ports opened to them, on no other
+	// address of the host: a service of the machine listening on every
+	// address is out of their reach.
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Write([]byte("host-service\n"))
+			conn.Close()
+		}
+	}()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	reach := func(addr string) string {
+		out, _ := exec.CommandContext(ctx, filepath.Join(BinDir(mustRoot(t), Pinned()), binKubectl), "--kubeconfig", c.Kubeconfig(),
+			"-n", ns, "exec", "probe", "--", "nc", "-w", "3", addr, port).CombinedOutput()
+		return string(out)
+	}
+	addrs := []string{HostAddr}
+	if other := otherHostAddr(); other != "" {
+		addrs = append(addrs, other)
+	}
+	for _, a := range addrs {
+		if out := reach(a); strings.Contains(out, "host-service") {
+			t.Errorf("a pod reached the host's service on %s:%s, which no test opened", a, port)
+		}
+	}
+	if err := c.AllowPodsToHost(ln.Addr().(*net.TCPAddr).Port); err != nil {
+		t.Fatal(err)
+	}
+	if out := reach(HostAddr); !strings.Contains(out, "host-service") {
+		t.Errorf("a pod did not reach the port opened to it: %q", out)
+	}
+	if len(addrs) > 1 {
+		if out := reach(addrs[1]); strings.Contains(out, "host-service") {
+			t.Errorf("a pod reached the opened port on the host's other address %s", addrs[1])
+		}
+	}
+}
+
+// otherHostAddr is an IPv4 address of the machine other than loopback and
+// the node's host end, or "".
+func otherHostAddr() string {
+	as, _ := net.InterfaceAddrs()
+	for _, a := range as {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && ipn.IP.String() != HostAddr {
+			return ipn.IP.String()
+		}
+	}
+	return ""
 }
 
 // TestRealNodeUserNamespacePod: a pod with hostUsers: false runs in a user

@@ -282,9 +282,9 @@ func runtimeHint(msg string) string {
 	switch {
 	case strings.Contains(m, "idmap") || strings.Contains(m, "mount_setattr"):
 		return " (the session volume's filesystem does not support idmapped mounts, as NFS does not, so a pod in a user namespace cannot mount it: " +
-			"set TALKIDE_WORKER_USER_NAMESPACE=false, or use a storage class whose filesystem supports idmapped mounts; docs/deploying.md)"
+			"set TALKIDE_WORKER_USER_NAMESPACE=false (the chart's worker.userNamespace), or use a storage class whose filesystem supports idmapped mounts; docs/deploying.md)"
 	case strings.Contains(m, "user namespace") && (strings.Contains(m, "not supported") || strings.Contains(m, "does not support")):
-		return " (this node's runtime cannot run pods in user namespaces: set TALKIDE_WORKER_USER_NAMESPACE=false, or place workers on nodes that can; docs/deploying.md)"
+		return " (this node's runtime cannot run pods in user namespaces: set TALKIDE_WORKER_USER_NAMESPACE=false (the chart's worker.userNamespace), or place workers on nodes that can; docs/deploying.md)"
 	}
 	return ""
 }

@@ -132,6 +132,9 @@ func startPlane(t *testing.T, c *kubetest.Cluster, cfg func(*provision.Config)) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := c.AllowPodsToHost(ln.Addr().(*net.TCPAddr).Port); err != nil {
+		t.Fatal(err)
+	}
 	cpURL := "http://" + ln.Addr().String()
 	tenant := "rn" + strings.ToLower(token.NewID()[:8])
 	userTok := "tk_" + token.NewID()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -292,4 +293,63 @@ func TestWorkerOnARealNode(t *testing.T) {
 			t.Errorf("deprovision left on the node:\n  %s", strings.Join(left, "\n  "))
 		}
 	})
+}
+
+// TestMemoryGuardStopsTheAgentHoldingTheMost: in the default pod, agents
+// have no cgroup of their own, and the kernel's OOM killer would end the
+// largest process of the pod, whichever conversation's. As the pod nears
+// its memory limit, the worker stops the agent holding the most first: the
+// attacker's turn is stopped with a limit_reached event, the bystander's
+// CLI survives and its next turn runs.
+func TestMemoryGuardStopsTheAgentHoldingTheMost(t *testing.T) {
+	c := node(t)
+	p := startPlane(t, c, func(pc *provision.Config) {
+		pc.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("1536Mi")
+		// Each agent's own limit above the pod's: only the guard acts.
+		pc.Env = append(pc.Env, corev1.EnvVar{Name: "TALKIDE_AGENT_MEMORY", Value: "4GiB"})
+	})
+	p.provision()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	victim, attacker := p.NewConversation(), p.NewConversation()
+	vw, aw := p.Watch(ctx, victim), p.Watch(ctx, attacker)
+	turn := func(w *platformtest.Watcher, conv, text string) contract.Event {
+		t.Helper()
+		ev, ok := w.TurnEnd(p.SendRetrying(conv, text), 3*time.Minute)
+		if !ok {
+			t.Fatalf("turn %q did not end; events %s\n%s", text, platformtest.Summary(w.Events()), p.describeWorker())
+		}
+		return ev
+	}
+	if ev := turn(vw, victim, "please run `echo victim-ready`"); ev.Type != contract.EventTurnCompleted {
+		t.Fatalf("victim's first turn: %s", ev.Data)
+	}
+	// 24 processes growing by 10 MB every 0.3 s to 80 MB each: about 1.9
+	// GB within 3 s, more than the pod holds.
+	turn(aw, attacker, "please run `for i in $(seq 24); do perl -e 'my @a; for (1..8) { push @a, q(a) x 10_000_000; select(undef,undef,undef,0.3) } sleep 60' & done; wait; echo attacker-done`")
+	var guarded bool
+	for _, ev := range aw.Events() {
+		if ev.Type == contract.EventLimitReached {
+			l := platformtest.Payload[contract.LimitReached](t, ev)
+			guarded = guarded || l.Limit == contract.LimitMemory && strings.Contains(l.Message, "nearly exhausted")
+		}
+		if ev.Type == contract.EventToolResult && strings.Contains(string(ev.Data), "attacker-done") {
+			t.Error("the attacker's turn ran to its end")
+		}
+	}
+	if !guarded {
+		t.Errorf("no limit_reached from the worker's memory guard for the attacker; events %s", platformtest.Summary(aw.Events()))
+	}
+	for _, ev := range vw.Events() {
+		if ev.Type == contract.EventSessionStopped || ev.Type == contract.EventLimitReached {
+			t.Errorf("the bystander's agent was stopped: %s %s", ev.Type, ev.Data)
+		}
+	}
+	if ev := turn(vw, victim, "please run `echo victim-alive`"); ev.Type != contract.EventTurnCompleted {
+		t.Errorf("the bystander's next turn: %s", ev.Data)
+	}
+	pod := p.workerPod()
+	if rs := pod.Status.ContainerStatuses[0].RestartCount; rs != 0 {
+		t.Errorf("the worker restarted %d times", rs)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Without a control group (a pod whose cgroup is read-only) the jail still
@@ -48,6 +49,15 @@ func TestCheckFallsBackToTheWorkersProcWhereProcIsMasked(t *testing.T) {
 		}
 		return
 	}
+	// With a /proc of its own, the agent may make no user namespace.
+	{
+		j, u, dir := testJail(t, Limits{})
+		out, c := runJailed(t, j, u, dir, `unshare -Ur id 2>&1; echo rc=$?`)
+		c.Close()
+		if !strings.Contains(out, "rc=1") || strings.Contains(out, "uid=0") {
+			t.Errorf("a user namespace inside the jail: %q", out)
+		}
+	}
 	j, _, dir := testJail(t, Limits{})
 	if err := j.Check(&User{UID: 299990, GID: 299990}, dir+"/check"); err != nil || j.SharedProc {
 		t.Fatalf("check on this host: %v, SharedProc %v: want a private /proc", err, j.SharedProc)
@@ -58,5 +68,40 @@ func TestCheckFallsBackToTheWorkersProcWhereProcIsMasked(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "PASS") {
 		t.Fatalf("under a masked /proc: %v\n%s", err, out)
+	}
+}
+
+// The agent's memory filesystems are sized by its memory limit (their
+// pages are memory no process holds), /dev is read-only around /dev/shm,
+// and the jail's resident memory is measured (ResidentBytes) where no
+// cgroup counts it.
+func TestJailMemoryFilesystemsAreSized(t *testing.T) {
+	j, u, dir := testJail(t, Limits{MemoryBytes: 64 << 20})
+	out, c := runJailed(t, j, u, dir, `for d in /tmp /var/tmp /dev/shm; do dd if=/dev/zero of=$d/fill bs=1M count=40 2>/dev/null; echo "$d $(( $(stat -c %s $d/fill) >> 20 ))"; done; touch /dev/x 2>&1 | head -c 60; echo`)
+	defer c.Close()
+	want := map[string]int{"/tmp": 16, "/var/tmp": 8, "/dev/shm": 8}
+	for d, mb := range want {
+		if !strings.Contains(out, d+" "+strconv.Itoa(mb)+"\n") {
+			t.Errorf("%s holds more or less than %d MiB (a quarter and eighths of the 64 MiB limit): %q", d, mb, out)
+		}
+	}
+	if !strings.Contains(out, "Read-only file system") {
+		t.Errorf("/dev is writable: %q", out)
+	}
+	c2, err := j.Command(Spec{Name: "rss", User: u, Path: "/bin/bash", Args: []string{"-c", `x=$(head -c 40000000 /dev/zero | tr '\0' a); sleep 5`},
+		Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c2.Kill(); c2.Cmd.Wait(); c2.Close() }()
+	var rss int64
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline) && rss < 40<<20; time.Sleep(100 * time.Millisecond) {
+		rss = c2.ResidentBytes()
+	}
+	if rss < 40<<20 {
+		t.Errorf("ResidentBytes %d MiB while a shell of the jail holds a 40 MB string", rss>>20)
 	}
 }

@@ -152,6 +152,13 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 		"--unshare-cgroup-try", "--hostname", "talkide-agent", "--cap-drop", "ALL"}
 	if spec.User != nil && spec.User.UID != 0 || spec.User == nil && os.Geteuid() != 0 {
 		args = append(args, "--unshare-user")
+		// No user namespace of its own inside: their root reaches kernel
+		// code (netfilter, mounts) no agent needs. bwrap sets that through
+		// a /proc/sys of the jail, which the worker's /proc (SharedProc)
+		// keeps read-only.
+		if !j.SharedProc {
+			args = append(args, "--disable-userns")
+		}
 	}
 	ro := j.ReadOnly
 	if ro == nil {
@@ -173,7 +180,15 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 	} else {
 		args = append(args, "--proc", "/proc")
 	}
-	args = append(args, "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run")
+	// The agent's memory filesystems are sized (their pages are memory no
+	// process holds: without a cgroup per agent nothing else would bound
+	// them); /dev, bwrap's own tmpfs, becomes read-only around /dev/shm.
+	tmp, varTmp, shm := tmpfsSizes(j.Limits.MemoryBytes)
+	args = append(args, "--dev", "/dev")
+	args = append(args, sizedTmpfs(shm, "/dev/shm")...)
+	args = append(args, sizedTmpfs(tmp, "/tmp")...)
+	args = append(args, sizedTmpfs(varTmp, "/var/tmp")...)
+	args = append(args, "--tmpfs", "/run")
 	for _, p := range spec.ReadOnly {
 		args = append(args, bindArgs("--ro-bind", p)...)
 	}
@@ -201,7 +216,7 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 	// user namespace and so to the agent: read-only, so it can neither
 	// rename /etc/claude-code (and the managed settings with it) nor /etc
 	// nor put anything beside them. Only its binds and /tmp are writable.
-	args = append(args, "--remount-ro", "/etc", "--remount-ro", "/run", "--remount-ro", "/")
+	args = append(args, "--remount-ro", "/etc", "--remount-ro", "/run", "--remount-ro", "/dev", "--remount-ro", "/")
 	if spec.Dir != "" {
 		args = append(args, "--chdir", spec.Dir)
 	}
@@ -444,6 +459,24 @@ func descendants(pid int) []int {
 		}
 	}
 	return out
+}
+
+// tmpfsSizes are the sizes of the agent's /tmp, /var/tmp and /dev/shm,
+// in bytes, for a memory limit of memory bytes: a quarter, an eighth and an
+// eighth of it (half of it together); 0 (unsized) without a limit.
+func tmpfsSizes(memory int64) (tmp, varTmp, shm int64) {
+	if memory <= 0 {
+		return 0, 0, 0
+	}
+	return memory / 4, memory / 8, memory / 8
+}
+
+// sizedTmpfs mounts a tmpfs at dir, of size bytes unless 0.
+func sizedTmpfs(size int64, dir string) []string {
+	if size > 0 {
+		return []string{"--size", strconv.FormatInt(size, 10), "--tmpfs", dir}
+	}
+	return []string{"--tmpfs", dir}
 }
 
 // Check starts a probe in a jail, as u (nil: the worker's own user), and

@@ -179,7 +179,10 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 	if j.Cgroups, err = sandbox.OpenCgroups(name); err != nil {
 		// A pod's cgroup is read-only unless the node's runtime makes it
 		// writable: the rest of the jail still holds.
-		cgroupDetail = fmt.Sprintf("no writable control group (%v): an agent's memory is bounded only by the worker's own limit (where the kernel ends agents before the worker), and agents share the CPU without weights; a node whose runtime makes the pod's cgroup writable (containerd's cgroup_writable, cgroup v2) gives it", err)
+		cgroupDetail = "no writable control group (a pod's is read-only unless the node's runtime makes it writable: containerd's cgroup_writable, cgroup v2): " +
+			"an agent's memory is sampled every second (over its limit, its turn is stopped), its /tmp, /var/tmp and /dev/shm are sized, and when the worker's memory nears its limit the agent holding the most is stopped; " +
+			"but an agent that allocates faster than the sampling, or holds memory no process maps, can make the kernel end another conversation's largest process, and agents share the CPU without weights"
+		log.Info("no control group per agent", "cause", err)
 		j.Cgroups = nil
 	}
 	scratch, err := os.MkdirTemp("", "talkide-jail-check-")
@@ -193,9 +196,9 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 	}
 	add(contract.GuaranteeJail, true, "each agent runs in namespaces of its own (bubblewrap): its processes end with it, it sees only its conversation's files, and managed settings it cannot write carry the permission policy")
 	if j.SharedProc {
-		add(contract.GuaranteePrivateProc, false, "no procfs can be mounted here (the runtime masks the pod's /proc; an unmasked one needs hostUsers: false and procMount: Unmasked): agents see the pod's process list and command lines, though not other users' environments or memory, and cannot signal them")
+		add(contract.GuaranteePrivateProc, false, "no procfs can be mounted here (the runtime masks the pod's /proc; an unmasked one needs hostUsers: false and procMount: Unmasked): agents see the pod's process list and command lines, though not other users' environments or memory, and cannot signal them; and they may make user namespaces of their own inside their jails")
 	} else {
-		add(contract.GuaranteePrivateProc, true, "each agent has a /proc of its own and sees only its own processes")
+		add(contract.GuaranteePrivateProc, true, "each agent has a /proc of its own and sees only its own processes, and may make no user namespace of its own")
 	}
 	if j.Cgroups != nil {
 		add(contract.GuaranteeCgroupLimits, true, fmt.Sprintf("a control group per agent (cgroup v%d): memory, processes and CPU weight", j.Cgroups.Version()))
@@ -214,12 +217,14 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 		closeCgroups(j)
 		return nil, rep, err
 	}
-	cgroupVersion := 0
 	if j.Cgroups != nil {
-		cgroupVersion = j.Cgroups.Version()
+		log.Info("agents run in jails", "cgroup_version", j.Cgroups.Version(), "private_proc", !j.SharedProc, "memory_bytes", c.AgentLimits.MemoryBytes,
+			"processes", c.AgentLimits.Processes, "cpu_weight", c.AgentLimits.CPUWeight, "disk_bytes", c.AgentLimits.DiskBytes)
+	} else {
+		// What holds without a cgroup: no CPU weight, memory by sampling.
+		log.Info("agents run in jails", "cgroup_version", 0, "private_proc", !j.SharedProc, "sampled_memory_bytes", c.AgentLimits.MemoryBytes,
+			"processes", c.AgentLimits.Processes, "disk_bytes", c.AgentLimits.DiskBytes)
 	}
-	log.Info("agents run in jails", "cgroup_version", cgroupVersion, "private_proc", !j.SharedProc, "memory_bytes", c.AgentLimits.MemoryBytes,
-		"processes", c.AgentLimits.Processes, "cpu_weight", c.AgentLimits.CPUWeight, "disk_bytes", c.AgentLimits.DiskBytes)
 	return j, rep, nil
 }
 
@@ -272,7 +277,7 @@ func inUserNamespace() (bool, string) {
 		return false, fmt.Sprintf("cannot read /proc/self/uid_map: %v", err)
 	}
 	if lo == 0 && n == 1<<32-1 {
-		return false, "the worker runs in the host's user namespace: its root is root on the node (a pod with hostUsers: true); a session volume that supports idmapped mounts lets the pod run with hostUsers: false"
+		return false, "the worker runs in its host's user namespace, so its root is the host's root (in Kubernetes: a pod with hostUsers: true; where the session volume supports idmapped mounts, TALKIDE_WORKER_USER_NAMESPACE gives the pod a user namespace of its own)"
 	}
 	return true, fmt.Sprintf("the worker runs in a user namespace of its own (ids %d-%d inside): its root is an unprivileged uid on the node", lo, lo+n-1)
 }

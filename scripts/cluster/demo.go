@@ -30,8 +30,8 @@ type upstreamInfo struct {
 
 // serveUpstream runs the development upstream (clusterdemo.ServeUpstream)
 // until ctx ends and writes where it is to upstreamFile.
-func serveUpstream(ctx context.Context, state string) error {
-	url, key, err := clusterdemo.ServeUpstream(ctx)
+func serveUpstream(ctx context.Context, state string, c *kubetest.Cluster) error {
+	url, key, err := clusterdemo.ServeUpstream(ctx, c.AllowPodsToHost)
 	if err != nil {
 		return err
 	}
@@ -58,11 +58,17 @@ func demo(ctx context.Context, root, state, helm string, nodes int) error {
 		return err
 	}
 	kubeconfig := strings.TrimSpace(string(kc))
-	// A demo that ran on this cluster already: its URL again.
+	// A demo that ran on this cluster already: the images now built go to
+	// the node, the install is redone (an upgrade), its user kept.
+	var userToken string
 	if b, err := os.ReadFile(filepath.Join(state, demoURLFile)); err == nil {
-		fmt.Fprintln(os.Stderr, "cluster-demo: the demo already runs on this cluster (make cluster-down stops it)")
-		fmt.Printf("KUBECONFIG=%s\nURL=%s\n", kubeconfig, strings.TrimSpace(string(b)))
-		return nil
+		fmt.Fprintln(os.Stderr, "cluster-demo: the demo runs on this cluster already: loading the images now built and upgrading it")
+		_, userToken, _ = strings.Cut(strings.TrimSpace(string(b)), "#token=")
+		for _, img := range clusterdemo.Images(root) {
+			if err := kubetest.ImportImage(ctx, state, kubetest.NodeBinDir(root, kubetest.Pinned()), img); err != nil {
+				return err
+			}
+		}
 	}
 	var upInfo upstreamInfo
 	if b, err := os.ReadFile(filepath.Join(state, upstreamFile)); err != nil || json.Unmarshal(b, &upInfo) != nil {
@@ -70,7 +76,7 @@ func demo(ctx context.Context, root, state, helm string, nodes int) error {
 	}
 	kubectl := filepath.Join(kubetest.BinDir(root, kubetest.Pinned()), "kubectl")
 	res, err := clusterdemo.Install(ctx, clusterdemo.Options{Root: root, Kubeconfig: kubeconfig,
-		Kubectl: kubectl, Helm: helm, UpstreamURL: upInfo.URL, UpstreamKey: upInfo.Key, Log: os.Stderr})
+		Kubectl: kubectl, Helm: helm, UpstreamURL: upInfo.URL, UpstreamKey: upInfo.Key, Log: os.Stderr, UserToken: userToken})
 	if err != nil {
 		return err
 	}

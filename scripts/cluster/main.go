@@ -10,7 +10,7 @@
 //
 // `make cluster-bins`, `make cluster` and `make cluster-down` call it. The
 // state of the background cluster (kubeconfig, certificates, logs) lives in
-// .cache/k8s/cluster/.
+// .cache/k8s/cluster/ while it runs; `down` removes it.
 package main
 
 import (
@@ -139,7 +139,7 @@ func serve(ctx context.Context, bins, state string, nodes int, ready string) err
 	}
 	defer c.Stop()
 	if withUpstream {
-		if err := serveUpstream(ctx, state); err != nil {
+		if err := serveUpstream(ctx, state, c); err != nil {
 			return err
 		}
 	}
@@ -243,20 +243,40 @@ func down(state string) error {
 	if !ok {
 		os.Remove(pidFile)
 		fmt.Fprintln(os.Stderr, "no cluster is running")
-		return nil
+		return removeState(state)
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
 	for range 300 {
 		if !alive(pid) {
 			os.Remove(pidFile)
 			fmt.Fprintln(os.Stderr, "cluster stopped")
-			return nil
+			return removeState(state)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	os.Remove(pidFile)
 	return errors.New("the cluster did not stop within 30 s; killed it")
+}
+
+// removeState removes the stopped cluster's state (its Secrets in etcd,
+// the node's images and volumes, the agents' transcripts on them): the
+// logs go too. Never while anything is still mounted below it.
+func removeState(state string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4]+"/", state+"/") {
+			return fmt.Errorf("%s is still mounted below the cluster's state; left it in place", f[4])
+		}
+	}
+	if err := os.RemoveAll(state); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "removed the cluster's state (%s)\n", state)
+	return nil
 }
 
 // running reads the supervisor's pid and reports whether it is alive.
