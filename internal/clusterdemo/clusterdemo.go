@@ -263,10 +263,23 @@ func provision(ctx context.Context, base, admin string) error {
 		json.NewDecoder(resp.Body).Decode(&st)
 		return resp.StatusCode, st, nil
 	}
-	if code, st, err := call("PUT"); err != nil || code >= 300 {
-		return fmt.Errorf("provision: %d %v %v", code, st, err)
-	}
+	// A control plane just upgraded leaves the workers to the one before
+	// for its first 30 s (503 OutdatedConfig, Retry-After): asked again.
 	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		code, st, err := call("PUT")
+		if err == nil && code < 300 {
+			break
+		}
+		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			return fmt.Errorf("provision: %d %v %v", code, st, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
 	for {
 		_, st, err := call("GET")
 		if err == nil && st["phase"] == "Ready" {
