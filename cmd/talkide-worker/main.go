@@ -28,6 +28,8 @@ import (
 )
 
 func main() {
+	// The binary is also the helper of agents' jails (their network).
+	sandbox.MaybeRunHelper()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)
 	stop()
@@ -139,7 +141,7 @@ func configFromEnv() (worker.Config, error) {
 		// the node, so no node-wide claims.
 		cfg.HostUIDDir = ""
 	}
-	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents,
+	for name, dst := range map[string]*int{"TALKIDE_MAX_PROCESSES": &cfg.MaxProcesses, "TALKIDE_MAX_PROCESSES_PER_USER": &cfg.MaxProcessesPerUser, "TALKIDE_EVENT_RETENTION": &cfg.KeepEvents,
 		"TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV": &cfg.MaxConversations, "TALKIDE_MAX_CONVERSATIONS_PER_USER": &cfg.MaxConversationsPerUser,
 		"TALKIDE_BUILD_MAX_CONCURRENT": &cfg.Builds.MaxConcurrent} {
 		if v := os.Getenv(name); v != "" {

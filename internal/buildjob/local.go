@@ -379,6 +379,9 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 		cell, err = l.Jail.Command(sandbox.Spec{
 			Name: req.Conversation + "-build", User: user, Path: "/bin/sh", Args: argv, Env: env, Dir: tree,
 			Writable: []string{tree, home}, ReadOnly: ro,
+			// Gradle runs offline: the build's code (the agent's) reaches
+			// nothing of the host, no other conversation, no internet.
+			PrivateNetwork: true,
 		})
 		if err != nil {
 			pw.Close()
@@ -510,13 +513,17 @@ wait:
 // working tree, and what its processes hold open deleted) and, over
 // DiskLimit, says so; "" when within it.
 func (l *LocalRunner) overDisk(req Request, home, tree string, pids func() []int) string {
+	// What cannot be measured (a directory too deep to walk) counts as
+	// over: the build could hide anything there.
 	homeUse, err := sandbox.DiskUsage(home)
 	if err != nil {
 		l.Logger.Warn("measure the build's Gradle home", "conversation", req.Conversation, "build", req.ID, "err", err)
+		return fmt.Sprintf("the build's Gradle home could not be measured (%v), which counts as over the disk limit of %d MiB; the build was stopped", err, l.DiskLimit>>20)
 	}
 	treeUse, err := sandbox.DiskUsage(tree)
 	if err != nil {
 		l.Logger.Warn("measure the build's working tree", "conversation", req.Conversation, "build", req.ID, "err", err)
+		return fmt.Sprintf("the build's working tree could not be measured (%v), which counts as over the disk limit of %d MiB; the build was stopped", err, l.DiskLimit>>20)
 	}
 	deleted := sandbox.DeletedOpenBytes(pids())
 	used := homeUse + treeUse + deleted

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -632,6 +634,8 @@ func TestLocalRunnerDiskLimitJailed(t *testing.T) {
 	for _, tc := range []struct{ name, script, want string }{
 		{"files", diskHogFiles, "Gradle home"},
 		{"deleted", diskHogDeleted, "deleted but held open"},
+		// A chain too deep to walk hides what is in it: it counts as over.
+		{"deep", `cd "$HOME" && i=0; while [ $i -lt 300 ]; do mkdir d && cd d || exit 3; i=$((i+1)); done; sleep 10; echo wrote-all`, "Gradle home could not be measured"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ws, tmpRoot, uid := localSetup(t)
@@ -668,4 +672,37 @@ func testJail(t *testing.T, l sandbox.Limits) *sandbox.Jail {
 	}
 	t.Cleanup(cg.Close)
 	return &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults()}
+}
+
+// TestLocalRunnerBuildNetworkIsItsOwn: a build (Gradle running the
+// agent's code) has a network of its own: a service on the host's
+// loopback is out of its reach.
+func TestLocalRunnerBuildNetworkIsItsOwn(t *testing.T) {
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	go func() {
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host-service-reached\n"))
+			c.Close()
+		}
+	}()
+	ws, tmpRoot, uid := localSetup(t)
+	const conv = "c_net"
+	emptyTree(t, ws, conv, uid)
+	script := fmt.Sprintf(`bash -c '(exec 3<>/dev/tcp/127.0.0.1/%d && cat <&3) 2>/dev/null || echo build-refused'`, host.Addr().(*net.TCPAddr).Port)
+	lr := &buildjob.LocalRunner{Gradle: fakeGradle(t, tmpRoot, script), WorkspaceRoot: ws, TmpRoot: tmpRoot, Jail: testJail(t, sandbox.Limits{})}
+	log := &lines{}
+	if _, err := lr.Run(t.Context(), localRequest(conv, uid), buildjob.Spec{Tasks: []string{"build"}}, buildjob.Hooks{Line: log.add}); err != nil {
+		t.Fatal(err)
+	}
+	if !log.has("build-refused") || log.has("host-service-reached") {
+		t.Errorf("the build reached the host's loopback:\n%s", log)
+	}
 }

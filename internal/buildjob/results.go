@@ -18,7 +18,9 @@ const (
 	maxReportFiles = 4096 // report files read in all
 	// MaxReportTotal bounds the bytes of all reports one build's results
 	// read: the worker parses them, and a build could otherwise have it
-	// parse thousands of large files (or one file, hard-linked).
+	// parse thousands of large files (or one file, hard-linked). A file
+	// counts its size at open or the bytes read of it, whichever is more:
+	// the agent's processes can still write to it while the worker reads.
 	MaxReportTotal = 64 << 20
 )
 
@@ -29,9 +31,11 @@ const (
 // followed (agentfs: no symbolic link in any component, no FIFO or device
 // opened), reports must be regular files owned by uid (the agent's; a hard
 // link to another's file is refused) and within MaxReportBytes, and at most
-// maxReportFiles are read. A report that cannot be read or parsed is
-// skipped and named in skipped, with why; err is for a tree with no
-// reports directory at all (fs.ErrNotExist inside) or that cannot be read.
+// maxReportFiles and MaxReportTotal bytes are read. A report that cannot be
+// read or parsed is skipped and named in skipped, with why; one whose
+// reading stopped at a bound of its shape counts up to there and is named
+// in r.Truncated (ParseJUnit); err is for a tree with no reports directory
+// at all (fs.ErrNotExist inside) or that cannot be read.
 func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skipped []string, err error) {
 	if !idPattern.MatchString(conversation) {
 		return r, nil, fmt.Errorf("conversation %q: want letters, digits, - and _", conversation)
@@ -92,10 +96,13 @@ func ReadResults(workspaceRoot, conversation string, uid int) (r Results, skippe
 				over = true
 				break
 			}
-			total += size
-			err = r.ParseJUnit(f)
+			n, err := r.parseReport(f, task+"/"+name, min(MaxReportBytes, MaxReportTotal-total))
 			f.Close()
-			if err != nil {
+			total += max(size, n)
+			switch {
+			case errors.Is(err, ErrReportTooLarge): // it grew since it was opened
+				skipped = append(skipped, task+"/"+name+": "+agentfs.Category(agentfs.ErrTooLarge))
+			case err != nil:
 				skipped = append(skipped, task+"/"+name+": not a JUnit report")
 			}
 		}

@@ -285,6 +285,9 @@ func completed(id, runner string, rep buildjob.Report, recovered bool) contract.
 	for _, l := range rep.LogTail {
 		out.LogTail = append(out.LogTail, clip(l, maxEventText/2))
 	}
+	for _, n := range rep.Results.Truncated {
+		out.ReportsTruncated = append(out.ReportsTruncated, clip(n, maxEventText/4))
+	}
 	for i, f := range rep.Results.Failed() {
 		if i == maxFailedShown {
 			break
@@ -330,6 +333,9 @@ func toolResult(d contract.BuildCompleted) *mcp.CallToolResult {
 		fmt.Fprintf(&b, "\nTests: %d run, %d failed, %d errors, %d skipped.", d.Tests, d.Failures, d.Errors, d.Skipped)
 	} else if d.Phase != buildjob.PhaseCancelled {
 		b.WriteString("\nNo test reports were found (build/test-results).")
+	}
+	if len(d.ReportsTruncated) > 0 {
+		fmt.Fprintf(&b, "\nThe test reports were not read whole: %s.", clip(strings.Join(d.ReportsTruncated, "; "), 1000))
 	}
 	// The log's tail, kept within its budget, goes last; the failures
 	// take what is left, and those beyond it are named only.

@@ -464,3 +464,33 @@ func TestBuildOutputIsBounded(t *testing.T) {
 		t.Errorf("the build's events hold %d bytes (truncated %v)", total, truncated)
 	}
 }
+
+// TestTruncatedReportsAreSaid: where the worker stopped reading a report
+// (nested too deep, here), the agent's tool result and build_completed say
+// so, and the counts are of what was read.
+func TestTruncatedReportsAreSaid(t *testing.T) {
+	doc := `<testsuite name="S"><testcase classname="S" name="ok"/>` + strings.Repeat("<a>", 100) + strings.Repeat("</a>", 100) + `</testsuite>`
+	var res buildjob.Results
+	if err := res.ParseJUnit(strings.NewReader(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Truncated) == 0 {
+		t.Fatalf("no truncation note for a report nested 100 deep: %+v", res)
+	}
+	r := &fakeRunner{run: func(ctx context.Context, req buildjob.Request, spec buildjob.Spec, h buildjob.Hooks) (buildjob.Report, error) {
+		return buildjob.Report{Outcome: buildjob.Outcome{Phase: buildjob.PhaseSucceeded}, Results: res}, nil
+	}}
+	srv, _ := newServer(t, r)
+	var ev events
+	h, _ := srv.Open(Conversation{ID: "c1", UID: 20001, Emit: ev.emit})
+	defer h.Close()
+	text, _ := call(t, t.Context(), h, "toolu_trunc", map[string]any{})
+	if !strings.Contains(text, "The test reports were not read whole: ") || !strings.Contains(text, "Tests: 1 run") {
+		t.Errorf("tool result:\n%s", text)
+	}
+	done := ev.ofType(contract.EventBuildCompleted)
+	var bc contract.BuildCompleted
+	if len(done) != 1 || json.Unmarshal(done[0].Data, &bc) != nil || len(bc.ReportsTruncated) == 0 {
+		t.Errorf("build_completed: %v", done)
+	}
+}

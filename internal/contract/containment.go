@@ -25,11 +25,15 @@ const (
 	// their uids) runs in a user namespace, so its root is an
 	// unprivileged uid on the node (a pod with hostUsers: false).
 	GuaranteeWorkerUserNamespace = "worker-user-namespace"
+	// GuaranteePrivateNetwork: each agent has a network namespace of its
+	// own, in which it reaches its local gateway proxy and its own
+	// servers, and nothing of the host or of other conversations.
+	GuaranteePrivateNetwork = "private-network"
 )
 
 // Guarantees lists every guarantee name, in the order reports give them.
 var Guarantees = []string{GuaranteeJail, GuaranteePrivateProc, GuaranteeCgroupLimits, GuaranteeProcessLimit,
-	GuaranteeAgentUIDs, GuaranteeWorkerUserNamespace}
+	GuaranteeAgentUIDs, GuaranteeWorkerUserNamespace, GuaranteePrivateNetwork}
 
 // Guarantee is one containment guarantee and whether this worker's host
 // gives it.

@@ -455,19 +455,24 @@ const (
 	LimitMemory    = "memory"
 	LimitProcesses = "processes"
 	LimitDisk      = "disk"
+	LimitFiles     = "files"
 )
 
 // LimitReached: the conversation's agent hit a limit. For memory the kernel
 // ended its largest process (often the command that used the memory, or
 // the agent's CLI itself, which then fails the turn and is started again on
-// the next message); for processes a fork was refused; for disk the
-// running turn was stopped.
+// the next message); for processes a fork was refused; for disk and files
+// the running turn was stopped (a turn that starts over the limit gets the
+// event at its start and may only free space: it is stopped if the files
+// grow).
 type LimitReached struct {
-	// Limit is "memory", "processes" or "disk".
+	// Limit is "memory", "processes", "disk" or "files".
 	Limit string `json:"limit"`
-	// Max is the limit: bytes for memory and disk, a count for processes.
+	// Max is the limit: bytes for memory and disk, a count for processes
+	// and files.
 	Max int64 `json:"max"`
-	// Used is the use seen when the limit was hit: bytes for disk, and for
+	// Used is the use seen when the limit was hit: bytes for disk, files
+	// (inodes, at least; counting stops past the limit) for files, and for
 	// memory where no cgroup counts it (the agent's resident bytes, or the
 	// worker's when its own memory ran short); else the number of hits
 	// since the agent started.
@@ -549,6 +554,11 @@ type BuildCompleted struct {
 	Failed []BuildTestFailure `json:"failed,omitempty"`
 	// LogTail is the last lines of the build's log (at most 40).
 	LogTail []string `json:"log_tail,omitempty"`
+	// ReportsTruncated says, one note each (at most 17), where the test
+	// reports were not read whole: a cap on what the worker keeps, or a
+	// report it stopped reading (too deep, too large a tag); the counts
+	// are of what was read.
+	ReportsTruncated []string `json:"reports_truncated,omitempty"`
 	// DurationMS is the build's wall time in milliseconds, queue included.
 	DurationMS int64 `json:"duration_ms"`
 	// Recovered is set when the result was delivered by a worker that

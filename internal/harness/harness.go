@@ -73,6 +73,13 @@ type Config struct {
 	// a queue (a turn_queued event) while idle processes are stopped to make
 	// room. Default 4.
 	MaxProcesses int
+	// MaxProcessesPerUser caps the live CLI processes of one user (its idle
+	// ones count): a turn of a user at the cap waits even when a process
+	// slot is free, so one user's long turns cannot make the others wait.
+	// A freed slot goes to the waiting turn whose user holds the fewest
+	// (ownership.go, slots). 1 to MaxProcesses; default MaxProcesses-1
+	// (1 when MaxProcesses is 1).
+	MaxProcessesPerUser int
 	// InterruptTimeout bounds how long an interrupted turn may take to end
 	// before its process is killed. Default 10 s.
 	InterruptTimeout time.Duration
@@ -104,10 +111,13 @@ type Config struct {
 	// the CLI as a plain child process (the weaker guarantee of
 	// TALKIDE_CONTAINMENT=weak).
 	Jail *sandbox.Jail
-	// DiskLimit caps the bytes a conversation's directories take (0: no
-	// limit); DiskCheckEvery is how often it is measured while its CLI
-	// runs (default 30 s).
+	// DiskLimit caps the bytes a conversation's directories take, and
+	// DiskFileLimit their files and directories (inodes) (0: no limit);
+	// DiskCheckEvery is how often they are walked while its CLI runs
+	// (default 30 s; also at each turn's start, and at once when the
+	// filesystem grows by more than the conversation has left).
 	DiskLimit      int64
+	DiskFileLimit  int64
 	DiskCheckEvery time.Duration
 	// MaxConversations caps the conversations stored on the session volume
 	// (the tenant-env's); MaxConversationsPerUser caps one user's among
@@ -146,6 +156,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxProcesses <= 0 {
 		c.MaxProcesses = 4
+	}
+	switch {
+	case c.MaxProcessesPerUser == 0:
+		c.MaxProcessesPerUser = max(c.MaxProcesses-1, 1)
+	case c.MaxProcessesPerUser < 0 || c.MaxProcessesPerUser > c.MaxProcesses:
+		return fmt.Errorf("harness config: MaxProcessesPerUser %d: want 1 to MaxProcesses (%d)", c.MaxProcessesPerUser, c.MaxProcesses)
 	}
 	if c.InterruptTimeout <= 0 {
 		c.InterruptTimeout = 10 * time.Second
@@ -272,7 +288,7 @@ func New(cfg Config, store *sessionstore.Store, proxy *localproxy.Server) (*Harn
 		return nil, err
 	}
 	h := &Harness{cfg: cfg, store: store, proxy: proxy, log: cfg.Logger, sessions: make(map[string]*session), loading: make(map[string]chan struct{})}
-	h.slots.max = cfg.MaxProcesses
+	h.slots.max, h.slots.perUser = cfg.MaxProcesses, cfg.MaxProcessesPerUser
 	if cfg.Leases != nil {
 		h.replica = lease.NewReplica(cfg.Leases, h.loseAll)
 	}

@@ -53,6 +53,10 @@ type rigOptions struct {
 	noCgroups bool
 	limits    sandbox.Limits
 	diskLimit int64
+	// fileLimit caps its files (inodes); diskEvery is how often its
+	// directories are walked (default 500 ms).
+	fileLimit int64
+	diskEvery time.Duration
 	// wrapLeases, when set, wraps the rig's lease backend (to count its
 	// calls).
 	wrapLeases func(lease.Manager) lease.Manager
@@ -73,7 +77,14 @@ func testJail(t *testing.T, l sandbox.Limits) *sandbox.Jail {
 		t.Fatal(err)
 	}
 	t.Cleanup(cg.Close)
-	return &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults()}
+	// The test binary is the jail's helper (TestMain), as the worker's is:
+	// agents get a network of their own.
+	helper, err := sandbox.InstallHelper(filepath.Join(os.TempDir(), "talkide-test-jail-helper-"+strconv.Itoa(os.Getpid())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(helper)) })
+	return &sandbox.Jail{Bwrap: bwrap, Prlimit: prlimit, Cgroups: cg, Limits: l.WithDefaults(), Helper: helper}
 }
 
 func startRig(t *testing.T, o rigOptions) *rig {
@@ -97,6 +108,10 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("TALKIDE_TEST_LOGS") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("replica", o.holder)
+	}
+	diskEvery := o.diskEvery
+	if diskEvery == 0 {
+		diskEvery = 500 * time.Millisecond
 	}
 	var jail *sandbox.Jail
 	if !o.noJail {
@@ -129,7 +144,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		HomeDir: filepath.Join(o.volume, "home"), TmpRoot: filepath.Join(t.TempDir(), "tmp"),
 		MaxProcesses: o.maxProcesses, IdleTimeout: o.idleTimeout, Leases: leases, Identity: id,
 		ShutdownGrace: 2 * time.Second, RecoverInterval: 200 * time.Millisecond, Logger: log,
-		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout, Jail: jail, DiskLimit: o.diskLimit, DiskCheckEvery: 500 * time.Millisecond,
+		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout, Jail: jail, DiskLimit: o.diskLimit, DiskFileLimit: o.fileLimit, DiskCheckEvery: diskEvery,
 	}, store, local)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"golang.org/x/sys/unix"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,6 +82,16 @@ func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.R
 		return cmd, nil, nil
 	}
 	files := []sandbox.File{{Path: managedSettingsPath, Data: managedSettings(cfg)}}
+	if cfg.PermissionPolicy == PolicyAsk {
+		// HOME is the agent's: a ~/.gitconfig it wrote (a filter, a pager)
+		// would run in the CLI's own git calls, which nobody is asked about
+		// (the CLI neutralises the repository's settings, not these, and
+		// passes git no GIT_CONFIG_GLOBAL). Empty read-only files stand in
+		// their places: a mount the agent can neither change nor move.
+		for _, p := range []string{".gitconfig", ".config/git/config"} {
+			files = append(files, sandbox.File{Path: filepath.Join(s.homeDir(), p)})
+		}
+	}
 	if len(mcpConfig) > 0 {
 		files = append(files, sandbox.File{Path: jailMCPConfigPath, Data: mcpConfig})
 		args = append(args, "--mcp-config", jailMCPConfigPath)
@@ -87,12 +100,27 @@ func (s *session) commandLocked(args, env []string, tmp string, mcpConfig json.R
 	if err != nil {
 		return nil, nil, fmt.Errorf("find the CLI: %w", err)
 	}
+	// A network of its own where the jail can have one: the worker serves
+	// the local gateway proxy on a listener inside it, at the address of
+	// ANTHROPIC_BASE_URL; nothing else is reachable.
+	listen := ""
+	if cfg.Jail.Helper != "" {
+		u, err := url.Parse(s.h.proxy.BaseURL(s.conv))
+		if err != nil || u.Host == "" {
+			return nil, nil, fmt.Errorf("the local gateway proxy's address: %v", err)
+		}
+		listen = u.Host
+	}
 	cell, err := cfg.Jail.Command(sandbox.Spec{
 		Name: s.conv, User: s.agentUser(), Path: bin, Args: args, Env: env, Dir: s.workDir,
+		PrivateNetwork: listen != "", Listen: listen,
 		Writable: []string{s.workDir, s.configDir(), s.homeDir(), tmp},
 		// The CLI's npm package (its binary and what ships beside it).
 		ReadOnly: []string{filepath.Dir(filepath.Dir(bin))},
 		Files:    files,
+		// Its /tmp, /var/tmp and /dev/shm on disk where no cgroup counts
+		// memory filesystems; tmp is fresh for each process.
+		Scratch: tmp,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("build the agent's jail: %w", err)
@@ -120,29 +148,38 @@ func writeAgentFile(path string, data []byte, u *sandbox.User) error {
 	return err
 }
 
-// watchLimits reads p's limit counters every limitPoll, and the
-// conversation's disk use every Config.DiskCheckEvery, until p ends.
+// watchLimits reads p's limit counters every limitPoll, and watches the
+// conversation's disk use (watchDisk), until p ends.
 func (s *session) watchLimits(p *process) {
-	disk := s.h.cfg.DiskLimit > 0
+	disk := s.h.cfg.DiskLimit > 0 || s.h.cfg.DiskFileLimit > 0
 	if p.cell == nil && !disk {
 		return
 	}
 	s.h.procs.Go(func() {
-		t := time.NewTicker(limitPoll)
+		poll := limitPoll
+		if disk {
+			poll = diskPoll
+		}
+		t := time.NewTicker(poll)
 		defer t.Stop()
-		next := time.Now().Add(s.h.cfg.DiskCheckEvery)
+		// The first walk is at the first turn's start (turnStarted).
+		w := diskWatch{s: s, p: p}
+		nextLimits := time.Now().Add(limitPoll)
 		for {
+			turnStart := false
 			select {
 			case <-p.done:
 				return
+			case <-p.turnStarted:
+				turnStart = true
 			case <-t.C:
 			}
-			if p.cell != nil {
+			if p.cell != nil && !time.Now().Before(nextLimits) {
 				s.checkLimits(p)
+				nextLimits = time.Now().Add(limitPoll)
 			}
-			if disk && !time.Now().Before(next) {
-				s.checkDisk(p)
-				next = time.Now().Add(s.h.cfg.DiskCheckEvery)
+			if disk && (turnStart || w.due()) {
+				w.check(turnStart)
 			}
 		}
 	})
@@ -255,25 +292,132 @@ func (h *Harness) memoryGuard(ctx context.Context) {
 	}
 }
 
-// checkDisk stops p's turn when the conversation's directories take more
-// than Config.DiskLimit.
-func (s *session) checkDisk(p *process) {
-	used, err := sandbox.DiskUsage(s.workDir, s.configDir(), s.homeDir(), s.tmpDir())
+// The disk watch: the filesystem's own count of used blocks is read every
+// diskPoll (one statfs); the conversation's directories are walked
+// (sandbox.MeasureDisk, bounded by the file limit) at every turn start,
+// every Config.DiskCheckEvery, and at once when the filesystem grew by more
+// than the conversation had left. A turn that starts over a limit may only
+// free space: it is stopped once its files grow by diskShrinkSlack (its
+// answer's transcript needs a little), and checked every limitPoll.
+const (
+	diskPoll        = 250 * time.Millisecond
+	diskShrinkSlack = 8 << 20
+	diskShrinkFiles = 100
+)
+
+// diskWatch is the disk state of one process's watcher goroutine.
+type diskWatch struct {
+	s *session
+	p *process
+	// fsUsed is the filesystem's used bytes at the last walk, left what the
+	// conversation had left then (bytes below the limit).
+	fsUsed, left int64
+	last         time.Time
+	// floor, floorFiles: the use at the start of a turn that started over
+	// a limit (floor > 0 while it runs, until the use is under again).
+	floor, floorFiles int64
+}
+
+// fsUsed returns the bytes in use on the filesystems of dirs together,
+// each filesystem once (the workspace may be on the session volume, the
+// tmp dir on local disk); 0 if none can be read.
+func fsUsed(dirs ...string) int64 {
+	seen := map[unix.Fsid]bool{}
+	var total int64
+	for _, d := range dirs {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d, &st); err != nil || seen[st.Fsid] {
+			continue
+		}
+		seen[st.Fsid] = true
+		total += int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	return total
+}
+
+// dirs are the conversation's directories the disk limit counts.
+func (w *diskWatch) dirs() []string {
+	return []string{w.s.workDir, w.s.configDir(), w.s.homeDir(), w.s.tmpDir()}
+}
+
+// due reports whether the conversation's directories should be walked now.
+func (w *diskWatch) due() bool {
+	since := time.Since(w.last)
+	if since >= w.s.h.cfg.DiskCheckEvery || w.floor > 0 && since >= limitPoll {
+		return true
+	}
+	grown := fsUsed(w.dirs()...) - w.fsUsed
+	return w.fsUsed > 0 && grown > w.left
+}
+
+// check measures the conversation's directories, and over a limit stops
+// p's turn, unless the turn starts now: then it may only free space.
+func (w *diskWatch) check(turnStart bool) {
+	s, p, cfg := w.s, w.p, w.s.h.cfg
+	fs := fsUsed(w.dirs()...)
+	// The agent is stopped while its directories are walked: it cannot
+	// move what it holds out of the walk's way as the walk goes.
+	var thaw func()
+	if p.cell != nil {
+		thaw = p.cell.Freeze()
+	}
+	u, err := sandbox.MeasureDisk(w.dirs(), cfg.DiskFileLimit)
+	if thaw != nil {
+		thaw()
+	}
+	w.last = time.Now()
 	if err != nil {
 		s.h.log.Warn("measure the conversation's disk use", "conversation", s.conv, "err", err)
 		return
 	}
+	used := u.Bytes
 	if p.cell != nil {
 		// Files deleted while the agent keeps them open take disk space no
 		// directory shows.
 		used += sandbox.DeletedOpenBytes(p.cell.Processes())
 	}
-	if used <= s.h.cfg.DiskLimit || p.stopping() {
+	w.fsUsed = fs
+	w.left = diskShrinkSlack
+	overBytes := cfg.DiskLimit > 0 && used > cfg.DiskLimit
+	overFiles := cfg.DiskFileLimit > 0 && u.Stopped
+	if !overBytes && !overFiles && u.Unmeasured == "" {
+		w.floor, w.floorFiles = 0, 0
+		if cfg.DiskLimit > 0 {
+			w.left = cfg.DiskLimit - used
+		} else {
+			w.left = 1 << 62
+		}
 		return
 	}
-	s.limitReached(contract.LimitReached{Limit: contract.LimitDisk, Max: s.h.cfg.DiskLimit, Used: used,
-		Message: fmt.Sprintf("the conversation's files take %d MiB, over its disk limit of %d MiB; the running turn was stopped (ask the agent to delete files)",
-			used>>20, s.h.cfg.DiskLimit>>20)})
+	if p.stopping() {
+		return
+	}
+	ev := contract.LimitReached{Limit: contract.LimitDisk, Max: cfg.DiskLimit, Used: used}
+	var what string
+	switch {
+	case u.Unmeasured != "":
+		what = fmt.Sprintf("the worker cannot measure %s, which counts as over the disk limit", u.Unmeasured)
+	case overFiles:
+		ev = contract.LimitReached{Limit: contract.LimitFiles, Max: cfg.DiskFileLimit, Used: u.Files}
+		what = fmt.Sprintf("the conversation has more than %d files and directories, its limit", cfg.DiskFileLimit)
+	default:
+		what = fmt.Sprintf("the conversation's files take %d MiB, over its disk limit of %d MiB", used>>20, cfg.DiskLimit>>20)
+	}
+	if turnStart {
+		w.floor, w.floorFiles = max(used, 1), u.Files
+		ev.Message = what + "; this turn may only free space (it is stopped if the files grow): ask the agent to delete files"
+		s.limitReached(ev)
+		return
+	}
+	if w.floor > 0 && used <= w.floor+diskShrinkSlack && u.Files <= w.floorFiles+diskShrinkFiles {
+		return // still over, but not growing: it may be freeing space
+	}
+	if w.floor > 0 {
+		ev.Message = what + "; the files grew during a turn that may only free space, and it was stopped"
+	} else {
+		ev.Message = what + "; the running turn was stopped (ask the agent to delete files)"
+	}
+	s.limitReached(ev)
 	p.beginStop("disk limit")
 	p.kill()
 }
@@ -325,4 +469,19 @@ func projectInstructionsArgs(workDir string) []string {
 		return nil
 	}
 	return []string{"--append-system-prompt-file", p}
+}
+
+// serveInJail serves the local gateway proxy to p's agent on ln, the
+// listener inside its jail's network namespace, until p ends.
+func (s *session) serveInJail(p *process, ln net.Listener) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.h.procs.Go(func() {
+		<-p.done
+		cancel()
+	})
+	s.h.procs.Go(func() {
+		if err := s.h.proxy.ServeConversation(ctx, ln, s.conv); err != nil {
+			s.h.log.Warn("serve the local gateway proxy in the agent's jail", "conversation", s.conv, "err", err)
+		}
+	})
 }

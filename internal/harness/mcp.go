@@ -192,15 +192,24 @@ func (m *mcpProcess) attach(s *session, p *process) {
 			m.close()
 		}
 	})
-	if len(m.hosted) == 0 {
+	ask := s.h.cfg.PermissionPolicy == PolicyAsk
+	if len(m.hosted) == 0 && !ask {
 		return
 	}
-	names := make([]string, 0, len(m.hosted))
-	for n := range m.hosted {
-		names = append(names, n)
+	init := map[string]any{}
+	if len(m.hosted) > 0 {
+		names := make([]string, 0, len(m.hosted))
+		for n := range m.hosted {
+			names = append(names, n)
+		}
+		init["sdkMcpServers"] = names
+	}
+	if ask {
+		// Every shell command is asked about (askHook), read-only ones too.
+		init["hooks"] = map[string]any{"PreToolUse": []any{map[string]any{"matcher": askHookTools, "hookCallbackIds": []string{askHookID}}}}
 	}
 	m.initID = "initialize-" + uuid.NewString()
-	p.send(streamjson.ControlRequestLine(m.initID, "initialize", map[string]any{"sdkMcpServers": names}))
+	p.send(streamjson.ControlRequestLine(m.initID, "initialize", init))
 }
 
 // release frees the setup of a process that did not start.

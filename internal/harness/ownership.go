@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -381,83 +382,235 @@ func (h *Harness) runningTurns() int {
 	return n
 }
 
-// slots caps live CLI processes. A session that cannot get a slot waits in
-// FIFO order; a released slot is handed straight to the first waiter, so a
-// newcomer cannot overtake it.
+// slots caps live CLI processes and shares them fairly between the users
+// of the tenant-env (docs/sessions.md, "Fair share"):
+//
+//   - there are max slots, and one user holds at most perUser of them (its
+//     idle processes count), so one user's long turns always leave a slot
+//     to the others;
+//   - a session that cannot get a slot (none free, or its user holds
+//     perUser) waits. A freed slot goes to the waiter whose user holds the
+//     fewest slots, ties by arrival, skipping users at perUser. A waiter's
+//     rank counts its user's waiters ahead of it as held (they are served
+//     first), so the position a waiter is told is the order it is served
+//     in if nothing else changes;
+//   - a freed slot is handed straight to the waiter it goes to: while a
+//     slot is free, no waiter may take it (grantLocked keeps that), so a
+//     newcomer that takes a free slot overtakes nobody.
 type slots struct {
 	mu sync.Mutex
-	// max is the cap; live counts slots held; waiting is the FIFO of
-	// sessions waiting; all guarded by mu.
-	max     int
-	live    int
-	waiting []*session
+	// max and perUser are the caps (perUser 0: max); live counts the slots
+	// held (taken, or handed over and not yet taken), held counts them per
+	// user and holders per session (one each at most); waiting holds the
+	// waiters in order of arrival. All guarded by mu.
+	max, perUser int
+	live         int
+	held         map[string]int
+	holders      map[*session]*holding
+	waiting      []waiter
 }
 
-// acquire takes a slot for s if one is free and nobody waits.
+// waiter is a session waiting for a slot, with its user.
+type waiter struct {
+	s    *session
+	user string
+}
+
+// holding is a session's slot: the user it counts for, and whether the
+// session took it (false while it is being handed over).
+type holding struct {
+	user  string
+	taken bool
+}
+
+func (sl *slots) perUserLocked() int {
+	if sl.perUser <= 0 || sl.perUser > sl.max {
+		return sl.max
+	}
+	return sl.perUser
+}
+
+func (sl *slots) holdLocked(s *session, user string, taken bool) {
+	if sl.held == nil {
+		sl.held = make(map[string]int)
+		sl.holders = make(map[*session]*holding)
+	}
+	sl.live++
+	sl.held[user]++
+	sl.holders[s] = &holding{user: user, taken: taken}
+}
+
+// acquire takes a slot for s: the one being handed to it, or a free one
+// when s's user holds fewer than perUser; else s waits (once). The caller
+// holds s.mu.
 func (sl *slots) acquire(s *session) bool {
+	user := s.meta.UserID
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if sl.live < sl.max && len(sl.waiting) == 0 {
-		sl.live++
+	if hd := sl.holders[s]; hd != nil {
+		// Handed over to s and not taken yet: take it now (hand finds it
+		// taken and does nothing).
+		hd.taken = true
 		return true
 	}
-	for _, w := range sl.waiting {
-		if w == s {
-			return false
-		}
+	if slices.ContainsFunc(sl.waiting, func(w waiter) bool { return w.s == s }) {
+		return false
 	}
-	sl.waiting = append(sl.waiting, s)
+	if sl.live < sl.max && sl.held[user] < sl.perUserLocked() {
+		sl.holdLocked(s, user, true)
+		return true
+	}
+	sl.waiting = append(sl.waiting, waiter{s: s, user: user})
 	return false
 }
 
-// status returns live, max and s's 1-based position in the queue (0 if not
-// queued).
+// ranksLocked returns each waiter's rank: the slots its user holds plus its
+// user's waiters ahead of it. Waiters are served by rank, ties by arrival.
+func (sl *slots) ranksLocked() []int {
+	ahead := make(map[string]int)
+	ranks := make([]int, len(sl.waiting))
+	for i, w := range sl.waiting {
+		ranks[i] = sl.held[w.user] + ahead[w.user]
+		ahead[w.user]++
+	}
+	return ranks
+}
+
+// nextLocked returns the index in waiting of the waiter a freed slot goes
+// to, or -1 when no waiter may take one (none waits, or every waiting
+// user holds perUser). The first waiter by rank is its user's first, whose
+// rank is what its user holds.
+func (sl *slots) nextLocked() int {
+	ranks := sl.ranksLocked()
+	best := -1
+	for i, r := range ranks {
+		if best < 0 || r < ranks[best] {
+			best = i
+		}
+	}
+	if best < 0 || ranks[best] >= sl.perUserLocked() {
+		return -1
+	}
+	return best
+}
+
+// grantLocked hands free slots to the waiters next in order, and returns
+// them (the caller hands the slots over, see hand).
+func (sl *slots) grantLocked() []waiter {
+	var granted []waiter
+	for sl.live < sl.max {
+		i := sl.nextLocked()
+		if i < 0 {
+			break
+		}
+		w := sl.waiting[i]
+		sl.waiting = slices.Delete(sl.waiting, i, i+1)
+		sl.holdLocked(w.s, w.user, false)
+		granted = append(granted, w)
+	}
+	return granted
+}
+
+// status returns live, max and s's 1-based position in the order waiters
+// are served (0 if not waiting).
 func (sl *slots) status(s *session) (live, max, pos int) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	ranks := sl.ranksLocked()
 	for i, w := range sl.waiting {
-		if w == s {
-			pos = i + 1
+		if w.s != s {
+			continue
+		}
+		pos = 1
+		for j, r := range ranks {
+			if r < ranks[i] || r == ranks[i] && j < i {
+				pos++
+			}
 		}
 	}
 	return sl.live, sl.max, pos
 }
 
+// dequeue removes s from the waiters (a slot being handed to it is given
+// back by hand).
 func (sl *slots) dequeue(s *session) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	for i, w := range sl.waiting {
-		if w == s {
-			sl.waiting = append(sl.waiting[:i], sl.waiting[i+1:]...)
-			return
-		}
+	sl.waiting = slices.DeleteFunc(sl.waiting, func(w waiter) bool { return w.s == s })
+}
+
+// release gives s's slot back and hands the freed slot to the waiter next
+// in order, if any.
+func (sl *slots) release(s *session) {
+	for _, w := range sl.put(s) {
+		w.s.h.procs.Go(func() { sl.hand(w.s) })
 	}
 }
 
-// release gives a slot back, or hands it to the first waiter.
-func (sl *slots) release() {
+// put gives s's slot back (nothing if it holds none) and returns the
+// waiters granted a slot for it.
+func (sl *slots) put(s *session) []waiter {
 	sl.mu.Lock()
-	if len(sl.waiting) == 0 {
-		sl.live--
-		sl.mu.Unlock()
+	defer sl.mu.Unlock()
+	hd := sl.holders[s]
+	if hd == nil {
+		return nil
+	}
+	delete(sl.holders, s)
+	if sl.held[hd.user]--; sl.held[hd.user] <= 0 {
+		delete(sl.held, hd.user)
+	}
+	sl.live--
+	return sl.grantLocked()
+}
+
+// claim marks the slot handed to s taken; false when there is none to take
+// (s took it itself in acquire, or gave it back).
+func (sl *slots) claim(s *session) bool {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	hd := sl.holders[s]
+	if hd == nil || hd.taken {
+		return false
+	}
+	hd.taken = true
+	return true
+}
+
+// hand gives next the slot granted to it and starts its turn.
+func (sl *slots) hand(next *session) {
+	next.mu.Lock()
+	defer next.mu.Unlock()
+	if !sl.claim(next) {
 		return
 	}
-	next := sl.waiting[0]
-	sl.waiting = sl.waiting[1:]
-	sl.mu.Unlock()
-	next.h.procs.Go(func() {
-		next.mu.Lock()
-		defer next.mu.Unlock()
-		if next.gone || !next.queued {
-			next.h.slots.release() // no longer wanted: pass it on
-			return
-		}
-		next.slot, next.queued = true, false
-		next.pumpLocked()
-		if next.proc == nil {
-			next.releaseSlotLocked() // nothing to run after all
-		}
-	})
+	if next.gone || !next.queued {
+		sl.release(next) // no longer wanted: pass it on
+		return
+	}
+	next.slot, next.queued = true, false
+	next.pumpLocked()
+	if next.proc == nil {
+		next.releaseSlotLocked() // nothing to run after all
+	}
+}
+
+// eviction reports whether stopping s's idle process would let a
+// waiter run (its slot would go to one), and how many slots s's user
+// holds.
+func (sl *slots) eviction(s *session) (helps bool, held int) {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	hd := sl.holders[s]
+	if hd == nil || !hd.taken {
+		return false, 0
+	}
+	held = sl.held[hd.user]
+	// As put would: one slot fewer for the user, one more free.
+	sl.held[hd.user]--
+	helps = sl.nextLocked() >= 0
+	sl.held[hd.user]++
+	return helps, held
 }
 
 // WaitingTurns returns how many conversations wait for a process slot.
@@ -477,31 +630,36 @@ func (h *Harness) LiveProcesses() int {
 func (s *session) releaseSlotLocked() {
 	if s.slot {
 		s.slot = false
-		s.h.slots.release()
+		s.h.slots.release(s)
 	}
 }
 
-// evictIdle stops the least recently active idle CLI process when sessions
-// wait for a slot, so a waiting turn runs instead of an idle process
-// holding memory. The stopped session resumes from its transcript later.
+// evictIdle stops an idle CLI process when sessions wait for a slot, so a
+// waiting turn runs instead of an idle process holding memory. Only a
+// process whose slot would go to a waiter is stopped (a user at its
+// per-user cap is helped only by stopping one of its own); among those, one
+// of the user holding the most slots, the least recently active first. The
+// stopped session resumes from its transcript later.
 func (h *Harness) evictIdle() {
 	if h.WaitingTurns() == 0 {
 		return
 	}
 	var victim *session
 	var victimProc *process
+	var victimHeld int
 	var oldest time.Time
 	for _, s := range h.loaded() {
 		s.mu.Lock()
 		if p := s.proc; p != nil && s.meta.Turn == nil && len(s.meta.Pending) == 0 && !p.stopping() {
-			if victim == nil || p.lastActive.Before(oldest) {
-				victim, victimProc, oldest = s, p, p.lastActive
+			helps, held := h.slots.eviction(s)
+			if helps && (victim == nil || held > victimHeld || held == victimHeld && p.lastActive.Before(oldest)) {
+				victim, victimProc, victimHeld, oldest = s, p, held, p.lastActive
 			}
 		}
 		s.mu.Unlock()
 	}
 	if victim == nil {
-		return // every process is busy: the waiters wait for a turn to end
+		return // no idle process would make room: the waiters wait for a turn to end
 	}
 	victim.mu.Lock()
 	ok := victim.proc == victimProc && victim.meta.Turn == nil && len(victim.meta.Pending) == 0

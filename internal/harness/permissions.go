@@ -37,6 +37,26 @@ var (
 	ErrPermissionNotFound = errors.New("permission request not found")
 )
 
+// With the "ask" policy the harness also registers askHookID as the CLI's
+// PreToolUse hook for Bash (in the initialize request) and answers it with
+// askHookAnswer: "ask", so that every shell command becomes a permission
+// request, including those the CLI would run without asking (read-only
+// ones such as git status, ls or cat). Those are not safe to run unasked:
+// they run what the agent wrote (a repository setting that runs a program,
+// a shell start-up file, the shell snapshot the CLI sources before every
+// command), so "nothing the agent writes runs a command nobody approved"
+// needs each of them approved.
+const askHookID = "talkide-ask-every-command"
+
+// askHookTools is the hook's matcher: the shell, and the worktree tools,
+// which run git (with the agent's settings) without asking.
+const askHookTools = "Bash|EnterWorktree|ExitWorktree"
+
+var askHookAnswer = map[string]any{"continue": true, "hookSpecificOutput": map[string]any{
+	"hookEventName": "PreToolUse", "permissionDecision": "ask",
+	"permissionDecisionReason": "every shell command is approved by the user (TALKIDE_PERMISSION_POLICY=ask)",
+}}
+
 // maxResolved bounds the remembered ids of resolved requests (for 409s).
 const maxResolved = 256
 

@@ -29,6 +29,8 @@ type process struct {
 	// in feeds the stdin writer goroutine; never closed by senders.
 	in   chan []byte
 	done chan struct{} // closed once the process is reaped
+	// turnStarted (capacity 1) tells the limit watcher a turn started.
+	turnStarted chan struct{}
 
 	// Fields below are guarded by the owning session's mu.
 	announced bool   // session_started emitted
@@ -242,7 +244,7 @@ func (s *session) startLocked() (*process, error) {
 		mcp.release()
 		return nil, err
 	}
-	p := &process{cmd: cmd, cell: cell, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), lastActive: time.Now()}
+	p := &process{cmd: cmd, cell: cell, resumed: resume, in: make(chan []byte, stdinQueue), done: make(chan struct{}), turnStarted: make(chan struct{}, 1), lastActive: time.Now()}
 	cmd.Stderr = p
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -261,6 +263,9 @@ func (s *session) startLocked() (*process, error) {
 		s.h.proxy.Unregister(s.conv)
 		mcp.release()
 		return nil, fmt.Errorf("start %s: %w", cfg.ClaudeBin, err)
+	}
+	if cell != nil && cell.Listener() != nil {
+		s.serveInJail(p, cell.Listener())
 	}
 	p.pgid = cmd.Process.Pid
 	s.meta.Process = &sessionstore.ProcessInfo{PID: p.pgid, PGID: p.pgid, Holder: s.h.cfg.Identity.Holder,

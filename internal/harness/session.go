@@ -218,6 +218,10 @@ func (s *session) pumpLocked() {
 		}
 		s.proc.stopIdleTimer()
 		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID, Continued: next.Continuation})
+		select {
+		case s.proc.turnStarted <- struct{}{}:
+		default:
+		}
 		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
 			s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
 			s.proc.beginStop("exited")
@@ -417,6 +421,13 @@ func answerControl(m *streamjson.ControlRequest) []byte {
 			"behavior": "allow", "updatedInput": req.Input, "toolUseID": req.ToolUseID,
 		})
 	case "hook_callback":
+		var req struct {
+			CallbackID string `json:"callback_id"`
+		}
+		_ = json.Unmarshal(m.Request, &req)
+		if req.CallbackID == askHookID {
+			return streamjson.ControlSuccess(m.RequestID, askHookAnswer)
+		}
 		return streamjson.ControlSuccess(m.RequestID, map[string]any{"continue": true})
 	default:
 		return streamjson.ControlError(m.RequestID, "unsupported control request "+m.Subtype())

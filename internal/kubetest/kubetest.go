@@ -27,6 +27,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/talkide/talkide/internal/sandbox"
 	"io"
 	"os"
 	"path/filepath"
@@ -66,7 +67,11 @@ var sharedNode struct {
 // checks that the host is as it was before the node started (no process,
 // mount, cgroup, link, route, rule, sysctl or file left) and fails the
 // package if not.
+//
+// The test binary is also the helper of agents' jails
+// (sandbox.MaybeRunHelper), as the worker's binary is.
 func Main(m *testing.M) {
+	sandbox.MaybeRunHelper()
 	shared.mainCalled = true
 	code := m.Run()
 	if shared.cluster != nil {

@@ -22,13 +22,28 @@ import (
 // a key only the control plane holds, and /metrics of the control plane and
 // the worker a token `make run` keeps in the state dir. It checks both from
 // the test and from inside a conversation (the agent runs curl), and that
-// turns still work through the gateway.
+// turns still work through the gateway. By default (TALKIDE_AGENT_NETWORK
+// private) the agent reaches none of them at all; with "host" it reaches
+// them and is refused.
 func TestLoopbackIsNoBackDoor(t *testing.T) {
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := startRun(t, claude)
+	for _, mode := range []struct{ network, want string }{{"", "000"}, {"host", "401"}} {
+		t.Run("network="+mode.network, func(t *testing.T) { loopbackProbe(t, claude, mode.network, mode.want) })
+	}
+}
+
+// loopbackProbe runs the checks of TestLoopbackIsNoBackDoor with
+// TALKIDE_AGENT_NETWORK=network ("" for the default); want is the status
+// the agent's curl sees (000: no connection).
+func loopbackProbe(t *testing.T, claude, network, want string) {
+	var env []string
+	if network != "" {
+		env = append(env, "TALKIDE_AGENT_NETWORK="+network)
+	}
+	r := startRun(t, claude, env...)
 	addr, state, out, tok := r.addr, r.state, r.out, r.tok
 	defer r.stop()
 	tokenPath := filepath.Join(state, "metrics-token")
@@ -100,9 +115,9 @@ func TestLoopbackIsNoBackDoor(t *testing.T) {
 		t.Fatalf("send: %d", st)
 	}
 	result := waitToolResult(t, cp, tok, conv.ID, "c7-probe")
-	for _, want := range []string{"upstream=401", "cpmetrics=401", "workermetrics=401"} {
-		if !strings.Contains(result, want) {
-			t.Errorf("the agent's probe: %q, want %s", result, want)
+	for _, w := range []string{"upstream=" + want, "cpmetrics=" + want, "workermetrics=" + want} {
+		if !strings.Contains(result, w) {
+			t.Errorf("the agent's probe: %q, want %s", result, w)
 		}
 	}
 }

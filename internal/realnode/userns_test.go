@@ -33,7 +33,7 @@ func TestUserNamespaceWorker(t *testing.T) {
 	}
 	for name, held := range map[string]bool{
 		contract.GuaranteeJail: true, contract.GuaranteeAgentUIDs: true, contract.GuaranteeProcessLimit: true,
-		contract.GuaranteePrivateProc: true, contract.GuaranteeWorkerUserNamespace: true, contract.GuaranteeCgroupLimits: false,
+		contract.GuaranteePrivateProc: true, contract.GuaranteeWorkerUserNamespace: true, contract.GuaranteeCgroupLimits: false, contract.GuaranteePrivateNetwork: true,
 	} {
 		if g := guarantee(t, st.Containment, name); g.Held != held || g.Detail == "" {
 			t.Errorf("guarantee %s: held=%v (%s), want held=%v with a reason", name, g.Held, g.Detail, held)

@@ -140,7 +140,7 @@ func TestWorkerOnARealNode(t *testing.T) {
 		}
 		for name, held := range map[string]bool{
 			contract.GuaranteeJail: true, contract.GuaranteeAgentUIDs: true, contract.GuaranteeProcessLimit: true,
-			contract.GuaranteePrivateProc: false, contract.GuaranteeCgroupLimits: false, contract.GuaranteeWorkerUserNamespace: false,
+			contract.GuaranteePrivateProc: false, contract.GuaranteeCgroupLimits: false, contract.GuaranteeWorkerUserNamespace: false, contract.GuaranteePrivateNetwork: true,
 		} {
 			if g := guarantee(t, st.Containment, name); g.Held != held || g.Detail == "" {
 				t.Errorf("guarantee %s: held=%v (%s), want held=%v with a reason", name, g.Held, g.Detail, held)
@@ -313,14 +313,7 @@ func TestMemoryGuardStopsTheAgentHoldingTheMost(t *testing.T) {
 	t.Cleanup(cancel)
 	victim, attacker := p.NewConversation(), p.NewConversation()
 	vw, aw := p.Watch(ctx, victim), p.Watch(ctx, attacker)
-	turn := func(w *platformtest.Watcher, conv, text string) contract.Event {
-		t.Helper()
-		ev, ok := w.TurnEnd(p.SendRetrying(conv, text), 3*time.Minute)
-		if !ok {
-			t.Fatalf("turn %q did not end; events %s\n%s", text, platformtest.Summary(w.Events()), p.describeWorker())
-		}
-		return ev
-	}
+	turn := turnIn(t, p)
 	if ev := turn(vw, victim, "please run `echo victim-ready`"); ev.Type != contract.EventTurnCompleted {
 		t.Fatalf("victim's first turn: %s", ev.Data)
 	}
@@ -351,5 +344,48 @@ func TestMemoryGuardStopsTheAgentHoldingTheMost(t *testing.T) {
 	pod := p.workerPod()
 	if rs := pod.Status.ContainerStatuses[0].RestartCount; rs != 0 {
 		t.Errorf("the worker restarted %d times", rs)
+	}
+}
+
+// TestParkedTmpFilesDoNotStopABystander: without a cgroup per agent, an
+// agent's /tmp, /var/tmp and /dev/shm are on disk (its disk use counts
+// them), not memory no one is charged for: an agent that parks a gigabyte
+// there does not get a bystander doing ordinary work stopped as the
+// agent "holding the most" of a worker short of memory.
+func TestParkedTmpFilesDoNotStopABystander(t *testing.T) {
+	c := node(t)
+	p := startPlane(t, c, func(pc *provision.Config) {
+		pc.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("1536Mi")
+	})
+	p.provision()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	parker, bystander := p.NewConversation(), p.NewConversation()
+	pw, bw := p.Watch(ctx, parker), p.Watch(ctx, bystander)
+	turn := turnIn(t, p)
+	if ev := turn(pw, parker, "please run `for d in /tmp /var/tmp /dev/shm; do head -c 400000000 /dev/zero > $d/park; done; df -h /tmp | tail -1`"); ev.Type != contract.EventTurnCompleted {
+		t.Fatalf("parking: %s", ev.Data)
+	}
+	// Ordinary work of the bystander: 500 MB resident for a few seconds.
+	if ev := turn(bw, bystander, "please run `perl -e 'my $x = q(a) x 500_000_000; sleep 8; print qq(bystander-done\\n)'`"); ev.Type != contract.EventTurnCompleted {
+		t.Errorf("the bystander's turn: %s %s", ev.Type, ev.Data)
+	}
+	for _, ev := range bw.Events() {
+		if ev.Type == contract.EventLimitReached || ev.Type == contract.EventSessionStopped {
+			t.Errorf("the bystander was stopped: %s %s", ev.Type, ev.Data)
+		}
+	}
+}
+
+// turnIn returns a func that sends text to conv and returns the event that
+// ended its turn (watched by w), failing the test if none did.
+func turnIn(t *testing.T, p *plane) func(w *platformtest.Watcher, conv, text string) contract.Event {
+	return func(w *platformtest.Watcher, conv, text string) contract.Event {
+		t.Helper()
+		ev, ok := w.TurnEnd(p.SendRetrying(conv, text), 3*time.Minute)
+		if !ok {
+			t.Fatalf("turn %q did not end; events %s\n%s", text, platformtest.Summary(w.Events()), p.describeWorker())
+		}
+		return ev
 	}
 }

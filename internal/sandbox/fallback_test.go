@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -103,5 +104,64 @@ func TestJailMemoryFilesystemsAreSized(t *testing.T) {
 	}
 	if rss < 40<<20 {
 		t.Errorf("ResidentBytes %d MiB while a shell of the jail holds a 40 MB string", rss>>20)
+	}
+}
+
+// Without a control group the agent's /tmp, /var/tmp and /dev/shm are
+// directories of its scratch space on disk (counted in its disk use), not
+// memory filesystems nothing would count.
+func TestJailWithoutCgroupsKeepsTmpOnDisk(t *testing.T) {
+	j, u, dir := testJail(t, Limits{MemoryBytes: 64 << 20})
+	j.Cgroups.Close()
+	j.Cgroups = nil
+	scratch := filepath.Join(filepath.Dir(dir), "scratch")
+	if err := os.Mkdir(scratch, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(scratch, int(u.UID), int(u.GID)); err != nil {
+		t.Fatal(err)
+	}
+	out, c := runSpec(t, j, Spec{Name: "scratch", User: u, Path: "/bin/bash", Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir,
+		Writable: []string{dir, scratch}, Scratch: scratch,
+		Args: []string{"-c", `for d in /tmp /var/tmp /dev/shm; do head -c 30000000 /dev/zero > $d/fill || echo "$d refused"; done; touch /dev/x 2>&1`}})
+	c.Close()
+	for _, d := range []string{".tmp", ".var-tmp", ".dev-shm"} {
+		st, err := os.Stat(filepath.Join(scratch, d, "fill"))
+		if err != nil || st.Size() != 30000000 {
+			t.Errorf("%s/fill on disk: %v %v (output %q)", d, st, err, out)
+		}
+	}
+	if !strings.Contains(out, "Read-only file system") {
+		t.Errorf("/dev is writable: %q", out)
+	}
+}
+
+// The jail's seccomp filter: an agent cannot reserve disk faster than it
+// can write it (fallocate is refused, glibc's posix_fallocate falls back to
+// writing, within RLIMIT_FSIZE; io_uring, whose operations a filter does
+// not see, is refused too), nor make a user namespace of its own;
+// ordinary work (forks, threads, writes) goes on.
+func TestJailSeccompRefusesPreallocationAndUserNamespaces(t *testing.T) {
+	j, u, dir := testJail(t, Limits{DiskBytes: 64 << 20})
+	j.SharedProc = true // as in a pod: bwrap's --disable-userns is not there
+	out, _ := runJailed(t, j, u, dir, `
+fallocate -l 1G pre 2>&1 | sed 's/^/fallocate: /'
+: > keep; fallocate -n -l 1G keep 2>&1 | sed 's/^/keep-size: /'
+unshare -U true 2>&1 | sed 's/^/unshare: /'
+perl -e 'require "syscall.ph"; syscall(&SYS_unshare, 0x10000000) == -1 and print "unshare-syscall: $!\n"'
+perl -e 'syscall(425, 1, 0) == -1 and print "io_uring: $!\n"'
+perl -e 'open F, ">", "resv" or die; for $r (0x40305828, 0x4030582a, 0x40305839) { my $b = pack("s s x4 q q l L l4", 0, 0, 0, 1<<30, 0, 0, 0, 0, 0, 0); ioctl(F, $r, $b) or print "ioctl-prealloc: $!\n" }'
+du -k resv | awk '{print "allocated resv " $1}'
+(sleep 0.1; echo forked) & wait
+head -c 1000000 /dev/zero > w && echo wrote
+du -k pre keep 2>/dev/null | awk '{print "allocated " $2 " " $1}'`)
+	for _, want := range []string{"fallocate: fallocate: fallocate failed: Operation not supported", "keep-size: fallocate: fallocate failed: keep size mode is unsupported",
+		"unshare: unshare: unshare failed: Operation not permitted", "unshare-syscall: Operation not permitted", "io_uring: Function not implemented", "ioctl-prealloc: Operation not supported\nioctl-prealloc: Operation not supported\nioctl-prealloc: Operation not supported", "allocated resv 0", "forked", "wrote"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in the output:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "allocated pre 1") || strings.Contains(out, "allocated keep 1") {
+		t.Errorf("a gigabyte was reserved:\n%s", out)
 	}
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,10 @@ type Jail struct {
 	// read other users' process environments or memory nor signal a
 	// process outside its own PID namespace. Check sets it when it must.
 	SharedProc bool
+	// Helper is the program (the worker's own binary: MaybeRunHelper) that
+	// gives a jail with Spec.Listen its listener, at a path agents can
+	// reach (InstallHelper); "" refuses Listen.
+	Helper string
 }
 
 // OOMScoreAdj is every agent process's oom_score_adj: when memory runs out
@@ -105,6 +110,21 @@ type Spec struct {
 	ReadOnly []string
 	// Files are given to it read-only.
 	Files []File
+	// PrivateNetwork gives the jail a network namespace of its own, with
+	// only a loopback interface: no host service, no other conversation, no
+	// internet.
+	PrivateNetwork bool
+	// Listen, with PrivateNetwork, is an address ("127.0.0.1:port", port
+	// 1024 or above) on which a TCP listener is made inside the jail's
+	// network namespace before its program runs; Cell.Listener returns it
+	// once started, and the worker serves the agent on it (the local
+	// gateway proxy). Needs Jail.Helper.
+	Listen string
+	// Scratch, when set, is a fresh directory of the agent's (counted in
+	// its disk use) that holds its /tmp, /var/tmp and /dev/shm where the
+	// jail has no control group: on disk, not memory no cgroup would
+	// count (Command makes the subdirectories, the agent's).
+	Scratch string
 }
 
 // Cell is one started (or ready to start) jailed process.
@@ -119,7 +139,15 @@ type Cell struct {
 	block *os.File
 	// parentFiles are the parent's copies of the child's extra files.
 	parentFiles []*os.File
+	// listenSock receives the listener of Spec.Listen; listener is it.
+	listenSock *os.File
+	listener   net.Listener
 }
+
+// Listener returns the listener made inside the jail's network namespace
+// for Spec.Listen, once Start returned; nil without one. The caller closes
+// it.
+func (c *Cell) Listener() net.Listener { return c.listener }
 
 // Command prepares the jailed process of spec. Call Start on the result, or
 // Close if it will not be started.
@@ -150,6 +178,25 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 
 	args := []string{"--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
 		"--unshare-cgroup-try", "--hostname", "talkide-agent", "--cap-drop", "ALL"}
+	var helper, helperBind []string
+	if spec.PrivateNetwork {
+		args = append(args, "--unshare-net")
+		if spec.Listen != "" {
+			if j.Helper == "" {
+				return nil, errors.New("jail: a listener in the jail needs Jail.Helper")
+			}
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("jail: %w", err)
+			}
+			c.listenSock = os.NewFile(uintptr(fds[0]), "jail-listen")
+			child := addFile(os.NewFile(uintptr(fds[1]), "jail-listen-child"))
+			helperBind = []string{"--ro-bind", j.Helper, jailHelperPath}
+			helper = []string{jailHelperPath, HelperArg, strconv.Itoa(child), spec.Listen, "--"}
+		}
+	} else if spec.Listen != "" {
+		return nil, errors.New("jail: Listen needs PrivateNetwork")
+	}
 	if spec.User != nil && spec.User.UID != 0 || spec.User == nil && os.Geteuid() != 0 {
 		args = append(args, "--unshare-user")
 		// No user namespace of its own inside: their root reaches kernel
@@ -180,15 +227,27 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 	} else {
 		args = append(args, "--proc", "/proc")
 	}
-	// The agent's memory filesystems are sized (their pages are memory no
-	// process holds: without a cgroup per agent nothing else would bound
-	// them); /dev, bwrap's own tmpfs, becomes read-only around /dev/shm.
-	tmp, varTmp, shm := tmpfsSizes(j.Limits.MemoryBytes)
+	// The agent's /tmp, /var/tmp and /dev/shm: sized memory filesystems,
+	// whose pages its control group counts; without one, directories of
+	// its scratch space on disk, which its disk use counts (tmpfs pages
+	// are memory no process holds, which nothing would bound or
+	// attribute). /dev, bwrap's own tmpfs, becomes read-only around
+	// /dev/shm.
 	args = append(args, "--dev", "/dev")
-	args = append(args, sizedTmpfs(shm, "/dev/shm")...)
-	args = append(args, sizedTmpfs(tmp, "/tmp")...)
-	args = append(args, sizedTmpfs(varTmp, "/var/tmp")...)
+	if j.Cgroups == nil && spec.Scratch != "" {
+		dirs, err := scratchDirs(spec.Scratch, spec.User)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--bind", dirs[0], "/dev/shm", "--bind", dirs[1], "/tmp", "--bind", dirs[2], "/var/tmp")
+	} else {
+		tmp, varTmp, shm := tmpfsSizes(j.Limits.MemoryBytes)
+		args = append(args, sizedTmpfs(shm, "/dev/shm")...)
+		args = append(args, sizedTmpfs(tmp, "/tmp")...)
+		args = append(args, sizedTmpfs(varTmp, "/var/tmp")...)
+	}
 	args = append(args, "--tmpfs", "/run")
+	args = append(args, helperBind...)
 	for _, p := range spec.ReadOnly {
 		args = append(args, bindArgs("--ro-bind", p)...)
 	}
@@ -220,7 +279,28 @@ func (j *Jail) Command(spec Spec) (*Cell, error) {
 	if spec.Dir != "" {
 		args = append(args, "--chdir", spec.Dir)
 	}
+	filter, err := seccompFilter()
+	if err != nil {
+		return nil, err
+	}
+	if filter != nil {
+		fd, err := unix.MemfdCreate("talkide-seccomp", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("jail: memfd: %w", err)
+		}
+		mf := os.NewFile(uintptr(fd), "seccomp")
+		if _, err := mf.Write(filter); err != nil {
+			mf.Close()
+			return nil, fmt.Errorf("jail: seccomp filter: %w", err)
+		}
+		if _, err := mf.Seek(0, 0); err != nil {
+			mf.Close()
+			return nil, fmt.Errorf("jail: %w", err)
+		}
+		args = append(args, "--seccomp", strconv.Itoa(addFile(mf)))
+	}
 	args = append(args, "--block-fd", strconv.Itoa(blockFD), "--")
+	args = append(args, helper...)
 	if j.Prlimit != "" {
 		lim := []string{j.Prlimit, "--core=0"}
 		if d := j.Limits.DiskBytes; d > 0 {
@@ -302,6 +382,18 @@ func (c *Cell) Start() error {
 		c.Close()
 		return fmt.Errorf("jail: bwrap ended before starting the program (%v); its error output says why", werr)
 	}
+	if c.listenSock != nil {
+		ln, err := receiveListener(c.listenSock, helperWait)
+		c.listenSock.Close()
+		c.listenSock = nil
+		if err != nil {
+			c.Kill()
+			_ = c.Cmd.Wait()
+			c.Close()
+			return fmt.Errorf("jail: the listener inside the jail: %w", err)
+		}
+		c.listener = ln
+	}
 	return nil
 }
 
@@ -352,6 +444,10 @@ func (c *Cell) Close() {
 		f.Close()
 	}
 	c.parentFiles = nil
+	if c.listenSock != nil {
+		c.listenSock.Close()
+		c.listenSock = nil
+	}
 	if c.cg != nil {
 		c.cg.Remove()
 	}
@@ -461,6 +557,27 @@ func descendants(pid int) []int {
 	return out
 }
 
+// scratchDirs makes, in the fresh directory scratch, the agent's /dev/shm,
+// /tmp and /var/tmp (mode 0700, given to u when set) and returns them in
+// that order. A name that exists is refused: scratch is fresh, so the
+// agent put it there, and it is never followed.
+func scratchDirs(scratch string, u *User) ([]string, error) {
+	var out []string
+	for _, name := range []string{".dev-shm", ".tmp", ".var-tmp"} {
+		d := filepath.Join(scratch, name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("jail: the agent's %s: %w", name, err)
+		}
+		if u != nil {
+			if err := os.Lchown(d, int(u.UID), int(u.GID)); err != nil {
+				return nil, fmt.Errorf("jail: the agent's %s: %w", name, err)
+			}
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
 // tmpfsSizes are the sizes of the agent's /tmp, /var/tmp and /dev/shm,
 // in bytes, for a memory limit of memory bytes: a quarter, an eighth and an
 // eighth of it (half of it together); 0 (unsized) without a limit.
@@ -511,14 +628,20 @@ func (j *Jail) check(u *User, scratch string) error {
 	if err != nil {
 		return fmt.Errorf("jail check: %w", err)
 	}
+	listen := ""
+	if j.Helper != "" {
+		listen = "127.0.0.1:40000"
+	}
 	c, err := j.Command(Spec{Name: "jail-check", User: u, Path: sh,
 		// Its own PID namespace (a small pid), its own /proc, and a file given
-		// to it.
-		Args:     []string{"-c", `test "$$" -le 3 && test -r /proc/self/stat && cat /etc/claude-code/probe`},
-		Env:      []string{"PATH=/usr/bin:/bin"},
-		Dir:      scratch,
-		Writable: []string{scratch},
-		Files:    []File{{Path: "/etc/claude-code/probe", Data: []byte("jail-ok")}},
+		// to it; with a helper, a network of its own with a listener in it.
+		Args:           []string{"-c", `test "$$" -le 3 && test -r /proc/self/stat && cat /etc/claude-code/probe`},
+		Env:            []string{"PATH=/usr/bin:/bin"},
+		Dir:            scratch,
+		Writable:       []string{scratch},
+		Files:          []File{{Path: "/etc/claude-code/probe", Data: []byte("jail-ok")}},
+		PrivateNetwork: listen != "",
+		Listen:         listen,
 	})
 	if err != nil {
 		return fmt.Errorf("jail check: %w", err)
@@ -526,9 +649,12 @@ func (j *Jail) check(u *User, scratch string) error {
 	var out strings.Builder
 	c.Cmd.Stdout, c.Cmd.Stderr = &out, &out
 	if err := c.Start(); err != nil {
-		return fmt.Errorf("jail check: start bwrap: %w", err)
+		return fmt.Errorf("jail check: start bwrap: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	err = c.Cmd.Wait()
+	if ln := c.Listener(); ln != nil {
+		ln.Close()
+	}
 	c.Close()
 	if err != nil || !strings.Contains(out.String(), "jail-ok") {
 		return fmt.Errorf("jail check: bwrap could not build the agent's jail (%v): %s; the worker needs unprivileged user namespaces (no seccomp or AppArmor profile forbidding them) and an unmasked /proc", err, strings.TrimSpace(out.String()))
@@ -596,4 +722,29 @@ func nsPid(pid int) (inner, ppid int) {
 		}
 	}
 	return inner, ppid
+}
+
+// Freeze stops every process of the jail (SIGSTOP, which no process can
+// catch or ignore), again until no new one appears, and returns the func
+// that lets them go on (SIGCONT). While frozen, nothing of the agent
+// changes its files: the worker measures them so.
+func (c *Cell) Freeze() (thaw func()) {
+	stopped := map[int]bool{}
+	for range 8 {
+		n := 0
+		for _, pid := range c.Processes() {
+			if !stopped[pid] && syscall.Kill(pid, syscall.SIGSTOP) == nil {
+				stopped[pid] = true
+				n++
+			}
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return func() {
+		for pid := range stopped {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
 }

@@ -41,8 +41,14 @@ func testJail(t *testing.T, l Limits) (*Jail, *User, string) {
 
 func runJailed(t *testing.T, j *Jail, u *User, dir, script string, files ...File) (string, *Cell) {
 	t.Helper()
-	c, err := j.Command(Spec{Name: "c1", User: u, Path: "/bin/bash", Args: []string{"-c", script},
+	return runSpec(t, j, Spec{Name: "c1", User: u, Path: "/bin/bash", Args: []string{"-c", script},
 		Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir, Writable: []string{dir}, Files: files})
+}
+
+// runSpec runs spec in j to its end and returns its output.
+func runSpec(t *testing.T, j *Jail, spec Spec) (string, *Cell) {
+	t.Helper()
+	c, err := j.Command(spec)
 	if err != nil {
 		t.Fatal(err)
 	}

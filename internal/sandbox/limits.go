@@ -1,11 +1,8 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,16 +25,23 @@ type Limits struct {
 	// [TALKIDE_AGENT_CPU_WEIGHT]. Default 100.
 	CPUWeight uint64
 	// DiskBytes caps what the conversation's directories (workspace, home,
-	// config with transcripts, tmp) take on disk, in allocated bytes. It is
-	// checked every DiskCheckEvery while the agent runs: over it the
-	// running turn is stopped. A single file can never grow past it (the
-	// kernel refuses the write: RLIMIT_FSIZE) [TALKIDE_AGENT_DISK].
+	// config with transcripts, tmp) take on disk, in allocated bytes
+	// (MeasureDisk). The worker measures it while the agent runs: over it
+	// the running turn is stopped, and a turn that starts over it may only
+	// free space. A single file can never grow past it (the kernel refuses
+	// the write: RLIMIT_FSIZE), and nothing can reserve space without
+	// writing it (the jail refuses fallocate) [TALKIDE_AGENT_DISK].
 	// Default 10 GiB.
 	DiskBytes int64
+	// DiskFiles caps the files, directories and other entries of those
+	// directories together (inodes: a million empty files take the
+	// filesystem's inodes, not its bytes) [TALKIDE_AGENT_FILES]. Default
+	// 500,000.
+	DiskFiles int64
 }
 
 // DefaultLimits are the limits of a conversation whose settings are zero.
-var DefaultLimits = Limits{MemoryBytes: 2 << 30, Processes: 512, CPUWeight: 100, DiskBytes: 10 << 30}
+var DefaultLimits = Limits{MemoryBytes: 2 << 30, Processes: 512, CPUWeight: 100, DiskBytes: 10 << 30, DiskFiles: 500000}
 
 // WithDefaults returns l with zero fields set from DefaultLimits and
 // negative ones set to 0 (no limit).
@@ -55,6 +59,7 @@ func (l Limits) WithDefaults() Limits {
 	l.MemoryBytes = pick(l.MemoryBytes, d.MemoryBytes)
 	l.Processes = pick(l.Processes, d.Processes)
 	l.DiskBytes = pick(l.DiskBytes, d.DiskBytes)
+	l.DiskFiles = pick(l.DiskFiles, d.DiskFiles)
 	if l.CPUWeight == 0 {
 		l.CPUWeight = d.CPUWeight
 	}
@@ -69,81 +74,58 @@ func (l Limits) Validate() error {
 	if l.MemoryBytes > 0 && l.MemoryBytes < 64<<20 {
 		return fmt.Errorf("agent memory limit %d bytes: want at least 64 MiB (the CLI alone needs hundreds)", l.MemoryBytes)
 	}
+	if l.DiskFiles > 0 && l.DiskFiles < 1000 {
+		return fmt.Errorf("agent file limit %d: want at least 1000 (the CLI's own files take hundreds)", l.DiskFiles)
+	}
 	if l.Processes > 0 && l.Processes < 16 {
 		return fmt.Errorf("agent process limit %d: want at least 16", l.Processes)
 	}
 	return nil
 }
 
-// DiskUsage returns the bytes allocated on disk to the files under dirs,
-// counting each inode once (hard links) and following no symbolic link. A
-// missing directory counts 0. Files vanishing during the walk are skipped.
-func DiskUsage(dirs ...string) (int64, error) {
-	type ino struct{ dev, ino uint64 }
-	seen := map[ino]bool{}
-	var total int64
-	for _, dir := range dirs {
-		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return nil
-				}
-				if d != nil && d.IsDir() && p != dir {
-					return fs.SkipDir // unreadable subdirectory: not countable, not fatal
-				}
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return nil
-			}
-			st, ok := info.Sys().(*syscall.Stat_t)
-			if !ok {
-				return nil
-			}
-			k := ino{uint64(st.Dev), st.Ino}
-			if seen[k] {
-				return nil
-			}
-			seen[k] = true
-			total += st.Blocks * 512
-			return nil
-		})
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return total, err
-		}
-	}
-	return total, nil
-}
-
 // DeletedOpenBytes returns the bytes allocated on disk to files that the
-// processes pids hold open but that no directory names any more (deleted
-// while open): space a walk of the directories does not see. Each inode
-// counts once; a process or descriptor that vanishes is skipped.
+// processes pids hold open or mapped but that no directory names any more
+// (deleted while open): space a walk of the directories does not see. It
+// looks at every thread's descriptors (a thread group whose leader exited
+// keeps its files in its other threads) and at the processes' mapped files
+// (/proc/<pid>/map_files: a file mapped, closed and deleted; reading it
+// needs CAP_SYS_ADMIN, which a pod's worker lacks). Each inode counts once;
+// a process or descriptor that vanishes is skipped. Not seen: a descriptor
+// in flight in a unix socket (sent and closed).
 func DeletedOpenBytes(pids []int) int64 {
 	type ino struct{ dev, ino uint64 }
 	seen := map[ino]bool{}
 	var total int64
-	for _, pid := range pids {
-		dir := "/proc/" + strconv.Itoa(pid) + "/fd"
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			continue
+	add := func(p string) {
+		if target, err := os.Readlink(p); err != nil || !strings.HasSuffix(target, " (deleted)") {
+			return
 		}
-		for _, e := range entries {
-			p := dir + "/" + e.Name()
-			if target, err := os.Readlink(p); err != nil || !strings.HasSuffix(target, " (deleted)") {
+		var st syscall.Stat_t
+		// stat through the magic link: the open (or mapped) file itself.
+		if err := syscall.Stat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink != 0 {
+			return
+		}
+		k := ino{uint64(st.Dev), st.Ino}
+		if !seen[k] {
+			seen[k] = true
+			total += st.Blocks * 512
+		}
+	}
+	for _, pid := range pids {
+		base := "/proc/" + strconv.Itoa(pid)
+		dirs := []string{base + "/fd", base + "/map_files"}
+		if tasks, err := os.ReadDir(base + "/task"); err == nil {
+			for _, t := range tasks {
+				dirs = append(dirs, base+"/task/"+t.Name()+"/fd")
+			}
+		}
+		for _, dir := range dirs {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
 				continue
 			}
-			var st syscall.Stat_t
-			// stat through the descriptor's magic link: the open file itself.
-			if err := syscall.Stat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink != 0 {
-				continue
-			}
-			k := ino{uint64(st.Dev), st.Ino}
-			if !seen[k] {
-				seen[k] = true
-				total += st.Blocks * 512
+			for _, e := range entries {
+				add(dir + "/" + e.Name())
 			}
 		}
 	}

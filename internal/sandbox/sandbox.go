@@ -24,11 +24,13 @@
 //
 //   - Cgroups (cgroup.go) give each agent a control group with its Limits
 //     (limits.go: memory, processes, CPU weight; disk is measured by
-//     DiskUsage and DeletedOpenBytes), counted and killed as a whole.
+//     MeasureDisk and DeletedOpenBytes, disk.go), counted and killed as a
+//     whole. A seccomp filter (seccomp.go) refuses what no measuring could
+//     keep up with: reserving disk at once, user namespaces of its own.
 //
-// It does not confine the agent's network: agents share the worker's (the
-// local gateway proxy is on loopback); a tenant-env's pod and its
-// NetworkPolicy bound it.
+// With Spec.PrivateNetwork the agent has a network namespace of its own
+// (loopback only); the worker serves its local gateway proxy on a listener
+// made inside it by the jail's helper (helper.go).
 package sandbox
 
 import (

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,12 +28,20 @@ const (
 	ContainmentWeak = "weak"
 )
 
+// Agent network modes (Config.AgentNetwork).
+const (
+	AgentNetworkPrivate = "private"
+	AgentNetworkHost    = "host"
+)
+
 // ParseContainment reads the containment settings from getenv:
 // TALKIDE_CONTAINMENT (strict or weak), TALKIDE_CONTAINMENT_REQUIRE
 // (guarantee names, comma-separated), TALKIDE_AGENT_MEMORY and
 // TALKIDE_AGENT_DISK (bytes, with an optional KiB/MiB/GiB/TiB suffix, or
-// "none"), TALKIDE_AGENT_PROCESSES (a count, or "none"),
-// TALKIDE_AGENT_CPU_WEIGHT (1-10000) and TALKIDE_AGENT_READ_PATHS
+// "none"), TALKIDE_AGENT_PROCESSES and TALKIDE_AGENT_FILES (a count, or
+// "none"),
+// TALKIDE_AGENT_CPU_WEIGHT (1-10000), TALKIDE_AGENT_NETWORK (private or
+// host) and TALKIDE_AGENT_READ_PATHS
 // (comma-separated absolute paths agents see read-only besides
 // sandbox.DefaultReadOnly). It fills the matching fields of c.
 func ParseContainment(getenv func(string) string, c *Config) error {
@@ -58,6 +67,20 @@ func ParseContainment(getenv func(string) string, c *Config) error {
 			return fmt.Errorf("TALKIDE_AGENT_PROCESSES %q: want a positive count or none", v)
 		} else {
 			c.AgentLimits.Processes = n
+		}
+	}
+	switch c.AgentNetwork = getenv("TALKIDE_AGENT_NETWORK"); c.AgentNetwork {
+	case "", AgentNetworkPrivate, AgentNetworkHost:
+	default:
+		return fmt.Errorf("TALKIDE_AGENT_NETWORK %q: want private or host", c.AgentNetwork)
+	}
+	if v := getenv("TALKIDE_AGENT_FILES"); v != "" {
+		if v == "none" {
+			c.AgentLimits.DiskFiles = -1
+		} else if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1 {
+			return fmt.Errorf("TALKIDE_AGENT_FILES %q: want a positive count or none", v)
+		} else {
+			c.AgentLimits.DiskFiles = n
 		}
 	}
 	if v := getenv("TALKIDE_AGENT_CPU_WEIGHT"); v != "" {
@@ -164,6 +187,7 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 		add(contract.GuaranteeProcessLimit, false, "TALKIDE_CONTAINMENT=weak")
 		add(contract.GuaranteeAgentUIDs, agentUIDs, uidDetail)
 		add(contract.GuaranteeWorkerUserNamespace, userns, usernsDetail)
+		add(contract.GuaranteePrivateNetwork, false, "TALKIDE_CONTAINMENT=weak: agents share the worker's network")
 		return nil, rep, requireGuarantees(c, rep)
 	}
 	j := &sandbox.Jail{Limits: c.AgentLimits}
@@ -180,8 +204,8 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 		// A pod's cgroup is read-only unless the node's runtime makes it
 		// writable: the rest of the jail still holds.
 		cgroupDetail = "no writable control group (a pod's is read-only unless the node's runtime makes it writable: containerd's cgroup_writable, cgroup v2): " +
-			"an agent's memory is sampled every second (over its limit, its turn is stopped), its /tmp, /var/tmp and /dev/shm are sized, and when the worker's memory nears its limit the agent holding the most is stopped; " +
-			"but an agent that allocates faster than the sampling, or holds memory no process maps, can make the kernel end another conversation's largest process, and agents share the CPU without weights"
+			"an agent's resident memory is sampled every second (over its limit, its turn is stopped), its /tmp, /var/tmp and /dev/shm are on disk (its disk use counts them), and when the worker's memory nears its limit the agent holding the most is stopped; " +
+			"but an agent that allocates faster than the sampling, or holds memory no process maps (a memfd), can make the kernel end another conversation's largest process, and agents share the CPU without weights"
 		log.Info("no control group per agent", "cause", err)
 		j.Cgroups = nil
 	}
@@ -190,13 +214,38 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 		closeCgroups(j)
 		return nil, rep, fmt.Errorf("agent containment: %w", err)
 	}
-	if err := j.Check(probe, scratch); err != nil {
+	netDetail := "each agent has a network namespace of its own: it reaches its local gateway proxy (served inside it) and its own servers, and no service of the host or the pod, no other conversation and no internet"
+	if c.AgentNetwork == AgentNetworkHost {
+		netDetail = "TALKIDE_AGENT_NETWORK=host: agents share the worker's network (every service on its loopback, other conversations' servers, whatever the pod's NetworkPolicy allows)"
+	} else if j.Helper, err = sandbox.InstallHelper(helperDir()); err != nil {
+		if c.AgentNetwork == AgentNetworkPrivate {
+			closeCgroups(j)
+			return nil, rep, fmt.Errorf("agent containment: TALKIDE_AGENT_NETWORK=private, but %w", err)
+		}
+		netDetail = "the worker's binary cannot be given to agents' jails (" + err.Error() + "): agents share the worker's network"
+	}
+	err = j.Check(probe, scratch)
+	if err != nil && j.Helper != "" && c.AgentNetwork == AgentNetworkPrivate {
+		// Asked for by name: no fallback.
+		closeCgroups(j)
+		return nil, rep, fmt.Errorf("agent containment: TALKIDE_AGENT_NETWORK=private, but no network namespace could be made for agents here: %w", err)
+	}
+	if err != nil && j.Helper != "" {
+		// A host that refuses agents a network namespace of their own
+		// still gives them the rest of the jail.
+		netErr := err
+		j.Helper = ""
+		if err = j.Check(probe, scratch); err == nil {
+			netDetail = "no network namespace could be made for agents here (" + netErr.Error() + "): agents share the worker's network"
+		}
+	}
+	if err != nil {
 		closeCgroups(j)
 		return nil, rep, fmt.Errorf("agent containment: %w (or set TALKIDE_CONTAINMENT=weak)", err)
 	}
 	add(contract.GuaranteeJail, true, "each agent runs in namespaces of its own (bubblewrap): its processes end with it, it sees only its conversation's files, and managed settings it cannot write carry the permission policy")
 	if j.SharedProc {
-		add(contract.GuaranteePrivateProc, false, "no procfs can be mounted here (the runtime masks the pod's /proc; an unmasked one needs hostUsers: false and procMount: Unmasked): agents see the pod's process list and command lines, though not other users' environments or memory, and cannot signal them; and they may make user namespaces of their own inside their jails")
+		add(contract.GuaranteePrivateProc, false, "no procfs can be mounted here (the runtime masks the pod's /proc; an unmasked one needs hostUsers: false and procMount: Unmasked): agents see the pod's process list and command lines, though not other users' environments or memory, and cannot signal them")
 	} else {
 		add(contract.GuaranteePrivateProc, true, "each agent has a /proc of its own and sees only its own processes, and may make no user namespace of its own")
 	}
@@ -213,19 +262,31 @@ func newJail(c Config, name string, probe *sandbox.User, agentUIDs bool, log *sl
 	}
 	add(contract.GuaranteeAgentUIDs, agentUIDs, uidDetail)
 	add(contract.GuaranteeWorkerUserNamespace, userns, usernsDetail)
+	add(contract.GuaranteePrivateNetwork, j.Helper != "", netDetail)
 	if err := requireGuarantees(c, rep); err != nil {
 		closeCgroups(j)
 		return nil, rep, err
 	}
 	if j.Cgroups != nil {
 		log.Info("agents run in jails", "cgroup_version", j.Cgroups.Version(), "private_proc", !j.SharedProc, "memory_bytes", c.AgentLimits.MemoryBytes,
-			"processes", c.AgentLimits.Processes, "cpu_weight", c.AgentLimits.CPUWeight, "disk_bytes", c.AgentLimits.DiskBytes)
+			"processes", c.AgentLimits.Processes, "cpu_weight", c.AgentLimits.CPUWeight, "disk_bytes", c.AgentLimits.DiskBytes, "files", c.AgentLimits.DiskFiles)
 	} else {
 		// What holds without a cgroup: no CPU weight, memory by sampling.
 		log.Info("agents run in jails", "cgroup_version", 0, "private_proc", !j.SharedProc, "sampled_memory_bytes", c.AgentLimits.MemoryBytes,
-			"processes", c.AgentLimits.Processes, "disk_bytes", c.AgentLimits.DiskBytes)
+			"processes", c.AgentLimits.Processes, "disk_bytes", c.AgentLimits.DiskBytes, "files", c.AgentLimits.DiskFiles)
 	}
 	return j, rep, nil
+}
+
+// helperDir is where the jail's helper is copied when the worker's binary
+// is not reachable by agents: /run/talkide, root's, where the worker is
+// root; else a directory of the worker's user in the temp dir (InstallHelper
+// refuses one someone else made).
+func helperDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/talkide/jail-helper"
+	}
+	return filepath.Join(os.TempDir(), "talkide-jail-helper-"+strconv.Itoa(os.Geteuid()))
 }
 
 func closeCgroups(j *sandbox.Jail) {

@@ -62,3 +62,21 @@ func TestContainmentRequire(t *testing.T) {
 type envMap map[string]string
 
 func (m envMap) get(k string) string { return m[k] }
+
+func TestParseAgentFileLimit(t *testing.T) {
+	for v, want := range map[string]int64{"250000": 250000, "none": -1} {
+		var c Config
+		if err := ParseContainment(envMap{"TALKIDE_AGENT_FILES": v}.get, &c); err != nil || c.AgentLimits.DiskFiles != want {
+			t.Errorf("TALKIDE_AGENT_FILES=%s: %d, %v", v, c.AgentLimits.DiskFiles, err)
+		}
+	}
+	for _, v := range []string{"0", "-5", "lots"} {
+		var c Config
+		if err := ParseContainment(envMap{"TALKIDE_AGENT_FILES": v}.get, &c); err == nil || !strings.Contains(err.Error(), "TALKIDE_AGENT_FILES") {
+			t.Errorf("TALKIDE_AGENT_FILES=%s: %v", v, err)
+		}
+	}
+	if d := (sandbox.Limits{}).WithDefaults().DiskFiles; d != 500000 {
+		t.Errorf("default file limit %d", d)
+	}
+}

@@ -100,6 +100,11 @@ type Config struct {
 	LeaseBackend string
 	// MaxProcesses caps live CLI processes [TALKIDE_MAX_PROCESSES]. Default 4.
 	MaxProcesses int
+	// MaxProcessesPerUser caps one user's live CLI processes
+	// [TALKIDE_MAX_PROCESSES_PER_USER], 1 to MaxProcesses. Default
+	// MaxProcesses-1 (1 when that is 1): one slot is always left for the
+	// others (harness.Config.MaxProcessesPerUser).
+	MaxProcessesPerUser int
 	// MCPPolicy decides which servers of a project's .mcp.json are offered
 	// to the CLI [TALKIDE_MCP_ALLOW_COMMANDS, TALKIDE_MCP_ALLOW_URLS]; the
 	// zero value allows none.
@@ -152,10 +157,16 @@ type Config struct {
 	// reports the rest (log, metric, GET /v1/worker).
 	ContainmentRequire []string
 	// AgentLimits are each conversation's limits [TALKIDE_AGENT_MEMORY,
-	// TALKIDE_AGENT_PROCESSES, TALKIDE_AGENT_CPU_WEIGHT, TALKIDE_AGENT_DISK];
-	// zero fields take sandbox.DefaultLimits (2 GiB, 512, 100, 10 GiB), -1
-	// means none. The disk limit holds in weak containment too.
+	// TALKIDE_AGENT_PROCESSES, TALKIDE_AGENT_CPU_WEIGHT, TALKIDE_AGENT_DISK,
+	// TALKIDE_AGENT_FILES]; zero fields take sandbox.DefaultLimits (2 GiB,
+	// 512, 100, 10 GiB, 500,000), -1 means none. The disk and file limits
+	// hold in weak containment too.
 	AgentLimits sandbox.Limits
+	// AgentNetwork is AgentNetworkPrivate (the default: each agent a
+	// network namespace of its own, reaching only its local gateway proxy)
+	// or AgentNetworkHost (agents share the worker's network)
+	// [TALKIDE_AGENT_NETWORK].
+	AgentNetwork string
 	// AgentReadPaths are host paths agents see read-only besides
 	// sandbox.DefaultReadOnly [TALKIDE_AGENT_READ_PATHS].
 	AgentReadPaths []string
@@ -236,6 +247,13 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
 		errs = append(errs, errors.New("TALKIDE_METRICS_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
+	}
+	procs := c.MaxProcesses
+	if procs <= 0 {
+		procs = 4 // the harness's default
+	}
+	if c.MaxProcessesPerUser < 0 || c.MaxProcessesPerUser > procs {
+		errs = append(errs, fmt.Errorf("TALKIDE_MAX_PROCESSES_PER_USER %d: want 1 to TALKIDE_MAX_PROCESSES (%d)", c.MaxProcessesPerUser, procs))
 	}
 	if c.MaxConversations < 0 || c.MaxConversationsPerUser < 0 {
 		errs = append(errs, errors.New("TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV and TALKIDE_MAX_CONVERSATIONS_PER_USER: want positive integers"))
@@ -421,10 +439,12 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		ExtraEnv:          c.CLIExtraEnv,
 		Jail:              jail,
 		DiskLimit:         c.AgentLimits.DiskBytes,
+		DiskFileLimit:     c.AgentLimits.DiskFiles,
 		Logger:            log.With("component", "harness"),
 
 		MaxConversations:        c.MaxConversations,
 		MaxConversationsPerUser: c.MaxConversationsPerUser,
+		MaxProcessesPerUser:     c.MaxProcessesPerUser,
 		AdmitLoad:               limits.admitLoad,
 	}, store, local)
 	if err != nil {

@@ -127,6 +127,29 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return httpapi.Serve(ctx, srv, ln, 5*time.Second)
 }
 
+// ServeConversation serves on ln, a listener of conversation conv's alone
+// (inside its agent's network namespace), until ctx ends: requests for any
+// other conversation are refused as unknown, and at most
+// maxConversationConns connections are open at once (an agent cannot spend
+// the worker's descriptors).
+func (s *Server) ServeConversation(ctx context.Context, ln net.Listener, conv string) error {
+	prefix := "/" + conv + "/"
+	only := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, prefix) {
+			s.errs.Write(w, r, httpapi.Errorf(http.StatusNotFound, anthropic.ErrNotFound, "unknown path"))
+			return
+		}
+		s.ServeHTTP(w, r)
+	})
+	ln = httpapi.LimitListener(ln, maxConversationConns, "this conversation has its limit of connections to the local gateway proxy open")
+	srv := httpapi.NewServer(ctx, ln.Addr().String(), only, s.log)
+	return httpapi.Serve(ctx, srv, ln, 5*time.Second)
+}
+
+// maxConversationConns bounds one conversation's open connections to its
+// own listener: the CLI uses a few.
+const maxConversationConns = 16
+
 type ctxKey struct{}
 
 type target struct {

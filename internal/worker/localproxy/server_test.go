@@ -2,13 +2,19 @@ package localproxy_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -457,5 +463,67 @@ func TestLocalProxyRetriesExpiredToken(t *testing.T) {
 				t.Errorf("body: got %q (%v), want the gateway's envelope unchanged", got.body, err)
 			}
 		})
+	}
+}
+
+// TestServeConversation: the listener inside one agent's network namespace
+// serves that conversation only, and holds at most a few connections open
+// (an agent opening thousands cannot spend the worker's descriptors).
+func TestServeConversation(t *testing.T) {
+	s := localproxy.NewServer(&localproxy.NoOpGatewayProxy{Upstream: &url.URL{Scheme: "http", Host: "127.0.0.1:9"}, APIKey: "k"}, slog.New(slog.DiscardHandler))
+	s.Register(convA, "secret-a")
+	s.Register(convB, "secret-b")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.ServeConversation(ctx, ln, convA)
+	base := "http://" + ln.Addr().String()
+	// Another conversation's path, with that conversation's own secret.
+	req, _ := http.NewRequest("POST", base+"/"+convB+"/v1/messages", strings.NewReader(`{}`))
+	req.Header.Set("X-Api-Key", "secret-b")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("another conversation through this listener: %d, want 404", resp.StatusCode)
+	}
+	// Idle connections beyond the cap are closed (answered 503 when the
+	// request comes): the server holds at most 16.
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 40 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	var refusedN atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(4 * time.Second))
+			b := make([]byte, 12)
+			n, err := io.ReadFull(c, b)
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || n == 12 && string(b) == "HTTP/1.1 503" {
+				refusedN.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	refused := int(refusedN.Load())
+	if refused < 40-16 {
+		t.Errorf("%d of 40 idle connections refused, want at least %d", refused, 40-16)
 	}
 }
