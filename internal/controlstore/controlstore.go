@@ -285,8 +285,8 @@ type IdentityToken struct {
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 	RevokedAt *time.Time
-	// RetireAt, when set, ends the token's grace after a rotation: it is
-	// revoked then.
+	// RetireAt, when set, ends the token's grace after a rotation: the
+	// mint refuses it from then on, and the provisioner revokes it.
 	RetireAt *time.Time
 }
 
@@ -304,9 +304,9 @@ func (db *DB) RecordIdentityToken(ctx context.Context, t IdentityToken) error {
 func (db *DB) IdentityTokenByID(ctx context.Context, jti string) (IdentityToken, error) {
 	var t IdentityToken
 	var issued, expires int64
-	var revoked sql.NullInt64
-	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT jti, tenant, env, issued_at, expires_at, revoked_at FROM identity_tokens WHERE jti = ?`), jti).
-		Scan(&t.JTI, &t.Tenant, &t.Env, &issued, &expires, &revoked)
+	var revoked, retire sql.NullInt64
+	err := db.SQL.QueryRowContext(ctx, db.Q(`SELECT jti, tenant, env, issued_at, expires_at, revoked_at, retire_at FROM identity_tokens WHERE jti = ?`), jti).
+		Scan(&t.JTI, &t.Tenant, &t.Env, &issued, &expires, &revoked, &retire)
 	if errors.Is(err, sql.ErrNoRows) {
 		return IdentityToken{}, ErrNotFound
 	}
@@ -317,6 +317,10 @@ func (db *DB) IdentityTokenByID(ctx context.Context, jti string) (IdentityToken,
 	if revoked.Valid {
 		r := time.UnixMilli(revoked.Int64).UTC()
 		t.RevokedAt = &r
+	}
+	if retire.Valid {
+		r := time.UnixMilli(retire.Int64).UTC()
+		t.RetireAt = &r
 	}
 	return t, nil
 }

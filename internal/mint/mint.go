@@ -78,7 +78,8 @@ func (h *Handler) IssueIdentity(ctx context.Context, tenant, env string, ttl tim
 }
 
 // ServeHTTP mints a WorkerToken. Errors: 401 for a missing, forged, expired,
-// unknown or revoked identity token; 403 when the conversation does not exist
+// unknown, revoked or retired (past its grace after a rotation) identity
+// token; 403 when the conversation does not exist
 // or belongs to another tenant-env (the two are not told apart); 400 for a
 // malformed body.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -106,6 +107,12 @@ func (h *Handler) mint(w http.ResponseWriter, r *http.Request) error {
 	}
 	if rec.RevokedAt != nil {
 		return httpapi.Unauthorized("identity token revoked", nil)
+	}
+	if rec.RetireAt != nil && !time.Now().Before(*rec.RetireAt) {
+		// Its grace after a rotation is over, whether or not a reconcile
+		// of the tenant-env has revoked it yet.
+		h.log.WarnContext(r.Context(), "mint refused retired identity token", "tenant", rec.Tenant, "env", rec.Env, "retired_at", rec.RetireAt)
+		return httpapi.Unauthorized("identity token retired (replaced by a newer one; its grace ended)", nil)
 	}
 	// A worker's local proxy sends its model call's id: the call's lines
 	// here and in the worker's log share it.

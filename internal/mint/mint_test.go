@@ -477,3 +477,28 @@ func TestMintAcceptsIdentityOfRotatedMasterKey(t *testing.T) {
 		t.Errorf("WorkerToken not signed with the new key: %v", err)
 	}
 }
+
+// TestMintRefusesARetiredIdentityByItself: a rotated identity token's
+// grace ends at its retire time whether or not any reconcile of its
+// tenant-env comes to revoke it (issue 27: with the command line alone, or
+// a resync that does not come, the old token kept working).
+func TestMintRefusesARetiredIdentityByItself(t *testing.T) {
+	f := newFixture(t)
+	c, err := token.NewVerifier(token.PurposeIdentity, f.master.Derive(token.PurposeIdentity, "", "")).Verify(f.identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.db.RetireIdentityToken(t.Context(), c.ID, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := f.post(t, "Bearer "+f.identity, "application/json", mintBody(convID)); status != http.StatusOK {
+		t.Fatalf("within its grace: got %d (%s), want 200", status, body)
+	}
+	if err := f.db.RetireIdentityToken(t.Context(), c.ID, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	status, body := f.post(t, "Bearer "+f.identity, "application/json", mintBody(convID))
+	if status != http.StatusUnauthorized || !strings.Contains(string(body), "retired") {
+		t.Fatalf("past its retire time: got %d (%s), want 401 saying it retired", status, body)
+	}
+}
