@@ -651,6 +651,38 @@ func TestStatusNeverReadyWhenObjectsAreGone(t *testing.T) {
 	r.waitPhase(tn, "dev", provision.PhaseReady)
 }
 
+// The status compares the worker with what the operator configured, not
+// with the Deployment's own count: scaled to zero behind the provisioner's
+// back, it is not Ready with no worker (issue 27, fault 1), and a
+// reconcile restores it.
+func TestStatusNotReadyWhenScaledBehindItsBack(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	tn, ns := r.provisioned()
+	r.waitPhase(tn, "dev", provision.PhaseReady)
+	scale, err := r.kube.AppsV1().Deployments(ns).GetScale(ctx, provision.WorkerName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale.Spec.Replicas = 0
+	if _, err := r.kube.AppsV1().Deployments(ns).UpdateScale(ctx, provision.WorkerName, scale, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Once the Deployment controller has scaled it down.
+	r.waitFor("the Deployment at 0 replicas", 90*time.Second, func() (bool, error) {
+		d, err := r.kube.AppsV1().Deployments(ns).Get(ctx, provision.WorkerName, metav1.GetOptions{})
+		return err == nil && d.Status.ObservedGeneration >= d.Generation && d.Status.Replicas == 0, err
+	})
+	st, err := r.p.Status(ctx, tn, "dev")
+	if err != nil || st.Phase == provision.PhaseReady || st.Replicas != 1 || !strings.Contains(st.Message, "0 replicas") {
+		t.Fatalf("status scaled to zero: %+v %v", st, err)
+	}
+	if err := r.p.ReconcileAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhase(tn, "dev", provision.PhaseReady)
+}
+
 // A namespace the provisioner did not make is never adopted nor deleted,
 // even when a tenant-env's name lands on it ("a-b"/"c" and "a"/"b-c" share
 // namespace "a-b-c").

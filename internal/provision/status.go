@@ -41,11 +41,14 @@ type Status struct {
 	Reason     string `json:"reason"`
 	Message    string `json:"message,omitempty"`
 	// Missing lists the worker's objects that do not exist ("Kind/name").
-	Missing         []string `json:"missing,omitempty"`
-	Replicas        int32    `json:"replicas"`
-	ReadyReplicas   int32    `json:"ready_replicas"`
-	UpdatedReplicas int32    `json:"updated_replicas"`
-	Image           string   `json:"image,omitempty"`
+	Missing []string `json:"missing,omitempty"`
+	// Replicas is the configured count (TALKIDE_WORKER_REPLICAS); the
+	// phase is Ready only when the Deployment asks for as many and has
+	// them updated and available.
+	Replicas        int32  `json:"replicas"`
+	ReadyReplicas   int32  `json:"ready_replicas"`
+	UpdatedReplicas int32  `json:"updated_replicas"`
+	Image           string `json:"image,omitempty"`
 	// WorkerURL is where the control plane reaches the worker.
 	WorkerURL string    `json:"worker_url"`
 	Identity  *Identity `json:"identity,omitempty"`
@@ -207,10 +210,10 @@ func (p *K8sWorkerProvisioner) observeObjects(ctx context.Context, st *Status) e
 	} else if err != nil {
 		return err
 	}
+	// Replicas is what the operator configured: the Deployment's own count
+	// can be changed behind the provisioner's back (scaled to zero).
+	st.Replicas = p.cfg.Replicas
 	if dep != nil {
-		if dep.Spec.Replicas != nil {
-			st.Replicas = *dep.Spec.Replicas
-		}
 		st.ReadyReplicas, st.UpdatedReplicas = dep.Status.ReadyReplicas, dep.Status.UpdatedReplicas
 		if len(dep.Spec.Template.Spec.Containers) > 0 {
 			st.Image = dep.Spec.Template.Spec.Containers[0].Image
@@ -246,6 +249,15 @@ func (p *K8sWorkerProvisioner) deploymentPhase(ctx context.Context, st *Status, 
 		}
 	}
 	want := st.Replicas
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != want {
+		have := int32(1) // the API server's default
+		if dep.Spec.Replicas != nil {
+			have = *dep.Spec.Replicas
+		}
+		st.Phase, st.Reason = PhaseProgressing, ReasonRollingOut
+		st.Message = fmt.Sprintf("the Deployment asks for %d replicas, not the %d configured (changed outside the provisioner): the next reconcile restores it", have, want)
+		return
+	}
 	if dep.Status.ObservedGeneration >= dep.Generation && dep.Status.UpdatedReplicas == want &&
 		dep.Status.AvailableReplicas >= want && dep.Status.Replicas == want {
 		st.Phase, st.Reason = PhaseReady, ReasonAvailable
