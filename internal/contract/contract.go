@@ -472,7 +472,7 @@ type LimitReached struct {
 	// and files.
 	Max int64 `json:"max"`
 	// Used is the use seen when the limit was hit: bytes for disk, files
-	// (inodes, at least; counting stops past the limit) for files, and for
+	// (names, a hard link each, at least: counting stops past the limit) for files, and for
 	// memory where no cgroup counts it (the agent's resident bytes, or the
 	// worker's when its own memory ran short); else the number of hits
 	// since the agent started.

@@ -112,7 +112,7 @@ type Config struct {
 	// TALKIDE_CONTAINMENT=weak).
 	Jail *sandbox.Jail
 	// DiskLimit caps the bytes a conversation's directories take, and
-	// DiskFileLimit their files and directories (inodes) (0: no limit);
+	// DiskFileLimit the names of their files and directories (0: no limit);
 	// DiskCheckEvery is how often they are walked while its CLI runs
 	// (default 30 s; also at each turn's start, and at once when the
 	// filesystem grows by more than the conversation has left).

@@ -361,15 +361,11 @@ func (w *diskWatch) check(turnStart bool) {
 	if p.cell != nil {
 		thaw = p.cell.Freeze()
 	}
-	u, err := sandbox.MeasureDisk(w.dirs(), cfg.DiskFileLimit)
+	u := sandbox.MeasureDisk(w.dirs(), cfg.DiskFileLimit)
 	if thaw != nil {
 		thaw()
 	}
 	w.last = time.Now()
-	if err != nil {
-		s.h.log.Warn("measure the conversation's disk use", "conversation", s.conv, "err", err)
-		return
-	}
 	used := u.Bytes
 	if p.cell != nil {
 		// Files deleted while the agent keeps them open take disk space no

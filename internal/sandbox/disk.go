@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -54,8 +53,8 @@ const namesPerRead = 128
 // tree holds. With maxFiles > 0 it stops once past that many names
 // (Stopped), which bounds its cost. What it cannot open or stat (a
 // directory of dirs included, but for one that does not exist) is
-// Unmeasured. The error is always nil; it is kept for callers to come.
-func MeasureDisk(dirs []string, maxFiles int64) (DiskUse, error) {
+// Unmeasured.
+func MeasureDisk(dirs []string, maxFiles int64) DiskUse {
 	diskWalks <- struct{}{}
 	defer func() { <-diskWalks }()
 	w := diskWalk{max: maxFiles, linked: map[[2]uint64]bool{}}
@@ -80,7 +79,7 @@ func MeasureDisk(dirs []string, maxFiles int64) (DiskUse, error) {
 			break
 		}
 	}
-	return w.use, nil
+	return w.use
 }
 
 // DiskUsage returns the bytes allocated on disk to the files under dirs,
@@ -88,11 +87,11 @@ func MeasureDisk(dirs []string, maxFiles int64) (DiskUse, error) {
 // missing directory counts 0. What it cannot enter is an error naming it
 // (the bytes are then those it could count).
 func DiskUsage(dirs ...string) (int64, error) {
-	u, err := MeasureDisk(dirs, 0)
-	if err == nil && u.Unmeasured != "" {
-		err = fmt.Errorf("not measured: %s", u.Unmeasured)
+	u := MeasureDisk(dirs, 0)
+	if u.Unmeasured != "" {
+		return u.Bytes, fmt.Errorf("not measured: %s", u.Unmeasured)
 	}
-	return u.Bytes, err
+	return u.Bytes, nil
 }
 
 type diskWalk struct {
@@ -205,9 +204,6 @@ func unwrapErrno(err error) error {
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
 		return errno
-	}
-	if s := err.Error(); strings.Contains(s, ": ") {
-		return errors.New(s[strings.LastIndex(s, ": ")+2:])
 	}
 	return err
 }

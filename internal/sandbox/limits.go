@@ -34,8 +34,8 @@ type Limits struct {
 	// Default 10 GiB.
 	DiskBytes int64
 	// DiskFiles caps the files, directories and other entries of those
-	// directories together (inodes: a million empty files take the
-	// filesystem's inodes, not its bytes) [TALKIDE_AGENT_FILES]. Default
+	// directories together, each name counted, a hard link too (a
+	// million empty files take the filesystem's inodes, not its bytes) [TALKIDE_AGENT_FILES]. Default
 	// 500,000.
 	DiskFiles int64
 }
