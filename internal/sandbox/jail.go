@@ -34,6 +34,10 @@ import (
 //     volume, the worker's state and other conversations are not in it.
 //   - IPC and UTS namespaces, a new session (no terminal to inject into),
 //     no capabilities, and a user namespace when the agent is not root.
+//   - with Spec.PrivateNetwork, a network namespace of its own (loopback
+//     only), and with Spec.Listen a listener in it the worker serves.
+//   - a seccomp filter (seccomp.go): no disk reserved without writing it,
+//     no io_uring, no user namespace of its own.
 //   - with Cgroups, a control group of its own with Limits (memory,
 //     processes, CPU weight), counted (Counters) and killed as a whole.
 //
@@ -43,7 +47,7 @@ import (
 // per agent; seccomp profiles such as Docker's default forbid this, so the
 // pod needs an Unconfined or a custom profile) and an unmasked /proc (so a
 // new procfs may be mounted: procMount Unmasked, or a privileged container);
-// for limits, a writable cgroup (v2 delegated, or v1). CheckJail tries all
+// for limits, a writable cgroup (v2 delegated, or v1). Check tries all
 // of that once at start.
 type Jail struct {
 	// Bwrap is the bubblewrap binary. Required.
