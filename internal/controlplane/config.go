@@ -96,7 +96,7 @@ type Config struct {
 	// pod's terminationGracePeriodSeconds).
 	ShutdownGrace time.Duration
 	// Provisioner turns worker provisioning on: "kubernetes" runs the
-	// K8sWorkerProvisioner (admin API /api/admin/workers, resync loop)
+	// K8sWorkerProvisioner (admin API /api/admin/workers, its controller)
 	// [TALKIDE_PROVISIONER]. Default off.
 	Provisioner string
 	// Provision configures the provisioner (see provision.Config for each

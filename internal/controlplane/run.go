@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -105,8 +106,19 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 		}
 		s.prov.Store(p)
 		// Only once it can serve: its configuration revision then takes
-		// the workers over from an older rollout's replicas.
-		p.Start(ctx)
+		// the workers over from an older rollout's replicas. It stops
+		// with ctx, and is waited for before the database closes.
+		var provisioning sync.WaitGroup
+		provCtx, stopProvisioning := context.WithCancel(ctx)
+		defer func() {
+			stopProvisioning() // also when serving failed, not only on a signal
+			provisioning.Wait()
+		}()
+		provisioning.Go(func() {
+			if err := p.Run(provCtx); err != nil {
+				cfg.Logger.Error("worker provisioner stopped", "err", err)
+			}
+		})
 		buildImage := cfg.Provision.BuildImage
 		if buildImage == "" {
 			buildImage = "none (TALKIDE_WORKER_BUILD_IMAGE unset): builds in Kubernetes are off"

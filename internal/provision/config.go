@@ -69,7 +69,7 @@ type Config struct {
 	ControlPlaneLabels map[string]string
 	// APIServerCIDRs are where the Kubernetes API server is, for the
 	// NetworkPolicy's egress rule [TALKIDE_WORKER_APISERVER_CIDRS]. Default:
-	// the addresses of Endpoints default/kubernetes.
+	// the addresses of EndpointSlice default/kubernetes.
 	APIServerCIDRs []string
 	// EgressCIDRs are further destinations every worker (and so its agents)
 	// may reach, e.g. a package mirror [TALKIDE_WORKER_EGRESS_CIDRS].
@@ -130,8 +130,8 @@ type Config struct {
 	// still being deleted before it reports so and leaves the retry to the
 	// resync [TALKIDE_PROVISION_WAIT]. Default 60s.
 	TerminatingWait time.Duration
-	// Resync is the period of the background reconcile of every worker
-	// [TALKIDE_PROVISION_RESYNC]. Default 30s.
+	// Resync is the period at which Run queues every tenant-env again, a
+	// backstop to its watches [TALKIDE_PROVISION_RESYNC]. Default 30s.
 	Resync time.Duration
 	// WorkerURLTemplate is how the control plane reaches a worker, {tenant}
 	// and {env} replaced (reported in Status). Default
@@ -338,7 +338,7 @@ const (
 	ReasonInvalid              = "Invalid"
 	ReasonAPIError             = "APIError"        // the cluster refused or could not be reached
 	ReasonReconcileFailed      = "ReconcileFailed" // the worker runs, but the last reconcile failed (last_error)
-	ReasonPolicyMissing        = "PolicyMissing"   // the admission policy on workers' Jobs is not installed
+	ReasonPolicyMissing        = "PolicyMissing"   // an admission policy (on workers' Jobs, or the control plane's scope) is not installed or not enforced
 	ReasonOutdatedConfig       = "OutdatedConfig"  // a control plane of a newer configuration revision keeps the workers
 )
 

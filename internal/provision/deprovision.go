@@ -8,7 +8,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8slabels "k8s.io/apimachinery/pkg/labels"
 
 	"github.com/talkide/talkide/internal/controlstore"
 )
@@ -36,6 +35,7 @@ func (p *K8sWorkerProvisioner) Deprovision(ctx context.Context, tenant, env stri
 	}
 	p.mu.Unlock()
 	err = p.finishDeprovision(ctx, tenant, env, gen, p.cfg.TerminatingWait)
+	p.enqueue(tenant, env) // to finish it once the namespace is gone
 	st, serr := p.Status(ctx, tenant, env)
 	if err != nil {
 		return st, err
@@ -109,39 +109,6 @@ func (p *K8sWorkerProvisioner) deleteNamespace(ctx context.Context, tenant, env 
 	}
 }
 
-// Run reconciles every worker each Config.Resync until ctx ends: it makes
-// missing objects again, rotates identity tokens near expiry and revokes
-// retired ones, finishes deprovisions, and deletes namespaces it made that
-// no record wants (left by a control plane that died mid-way). With a
-// Config.ConfigRevision it also claims that revision every few seconds:
-// start it once the control plane serves, so that a new revision that
-// cannot even start never takes the workers from the one serving.
-func (p *K8sWorkerProvisioner) Run(ctx context.Context) {
-	if _, err := p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, ScopePolicyName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		p.cfg.Logger.Error("the ValidatingAdmissionPolicy " + ScopePolicyName + " is not installed: the control plane's ServiceAccount is not confined to the namespaces it makes (install `talkide-controlplane clusterrole`; docs/provisioning.md)")
-	}
-	if p.cfg.ConfigRevision > 0 {
-		p.mu.Lock()
-		if p.runAt.IsZero() {
-			p.runAt = p.now()
-		}
-		p.mu.Unlock()
-		go p.heartbeat(ctx)
-	}
-	t := time.NewTicker(p.cfg.Resync)
-	defer t.Stop()
-	for {
-		if err := p.ReconcileAll(ctx); err != nil && ctx.Err() == nil {
-			p.cfg.Logger.Warn("worker resync", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // heartbeat says, each Config.revisionHeartbeat until ctx ends, that this
 // control plane's configuration revision runs (checkConfigRevision), so
 // that a resync pass longer than the staleness window does not hand the
@@ -161,18 +128,10 @@ func (p *K8sWorkerProvisioner) heartbeat(ctx context.Context) {
 	}
 }
 
-// Start runs Run in a goroutine, counting the control plane as serving
-// from now (the settling of its configuration revision starts before the
-// first request can reach it).
-func (p *K8sWorkerProvisioner) Start(ctx context.Context) {
-	p.mu.Lock()
-	p.runAt = p.now()
-	p.mu.Unlock()
-	go p.Run(ctx)
-}
-
-// ReconcileAll is one resync pass (see Run). It goes on past a failing
-// worker and returns the failures joined.
+// ReconcileAll is one resync pass, done at once in the caller (an
+// operator's command, a test): every tenant-env with a record, and every
+// namespace of this installation, reconciled as Run's queue would (see
+// Run). It goes on past a failing one and returns the failures joined.
 func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
 	if err := p.checkConfigRevision(ctx); err != nil {
 		p.cfg.Logger.Debug("worker resync skipped", "err", err)
@@ -182,54 +141,29 @@ func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	wanted := map[string]bool{}
+	keys := map[key]bool{}
+	var order []key
 	for _, r := range recs {
-		if r.Desired == controlstore.WorkerPresent {
-			wanted[Namespace(r.Tenant, r.Env)+"\x00"+r.Tenant+"\x00"+r.Env] = true
-			if err := p.reconcile(ctx, r.Tenant, r.Env, r.Generation, false, 0); err != nil {
-				var pe *Error
-				if !errors.As(err, &pe) || pe.Reason != ReasonSuperseded {
-					errs = append(errs, fmt.Errorf("%s/%s: %w", r.Tenant, r.Env, err))
-				}
-			}
-			continue
-		}
-		if err := p.finishDeprovision(ctx, r.Tenant, r.Env, r.Generation, 0); err != nil {
-			errs = append(errs, fmt.Errorf("deprovision %s/%s: %w", r.Tenant, r.Env, err))
+		if k := (key{r.Tenant, r.Env}); !keys[k] {
+			keys[k] = true
+			order = append(order, k)
 		}
 	}
-	// Namespaces this control plane made that no record wants.
-	list, err := p.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: k8slabels.SelectorFromSet(map[string]string{
-		LabelManagedBy: ManagedBy, LabelInstallation: p.cfg.Installation, LabelInstallationID: p.cfg.installationID}).String()})
+	nss, err := p.managedNamespaces(ctx)
+	var errs []error
 	if err != nil {
-		return errors.Join(append(errs, apiError("list namespaces", err))...)
+		errs = append(errs, err)
 	}
-	for _, ns := range list.Items {
-		t, e := ns.Labels[LabelTenant], ns.Labels[LabelEnv]
-		if ns.DeletionTimestamp != nil || !ValidName(t) || !ValidName(e) || ns.Name != Namespace(t, e) || wanted[ns.Name+"\x00"+t+"\x00"+e] {
-			continue
+	for _, ns := range nss {
+		if k := (key{ns.Labels[LabelTenant], ns.Labels[LabelEnv]}); !keys[k] {
+			keys[k] = true
+			order = append(order, k)
 		}
-		l := p.keyLock(t, e)
-		l.mu.Lock()
-		// Check again under the lock: a provision may have begun since
-		// the records were read.
-		rec, err := p.store.WorkerRecord(ctx, t, e)
-		switch {
-		case err == nil && rec.Desired == controlstore.WorkerPresent:
-		case err != nil && !errors.Is(err, controlstore.ErrNotFound):
-			errs = append(errs, err)
-		default:
-			p.cfg.Logger.Warn("deleting a worker namespace no provision wants (orphan)", "namespace", ns.Name)
-			err = p.revokeAll(ctx, t, e)
-			if err == nil {
-				_, err = p.deleteNamespace(ctx, t, e, 0)
-			}
-			if err != nil {
-				errs = append(errs, err)
-			}
+	}
+	for _, k := range order {
+		if _, err := p.reconcileKey(ctx, k.tenant, k.env); err != nil {
+			errs = append(errs, fmt.Errorf("%s/%s: %w", k.tenant, k.env, err))
 		}
-		l.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

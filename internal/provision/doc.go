@@ -13,6 +13,11 @@
 // control plane restarted mid-provision carries on from what exists. The
 // rights it needs are ClusterRole; the worker's are WorkerRules.
 //
+// Run is its controller (controller.go): informers on the objects it makes
+// queue a tenant-env on any change, and queue workers reconcile it;
+// Provision, Deprovision and RotateIdentity reconcile at once for the
+// admin API, under the same per-tenant-env lock.
+//
 // It runs in the control plane only (it holds the master keys' identity
 // signer through Issuer).
 package provision

@@ -70,7 +70,10 @@ func TestTwoTenantEnvsLifecycle(t *testing.T) {
 		DevUserToken: userTok, DevGrants: [][2]string{{tn, "dev"}},
 		Provisioner: "kubernetes", Kubeconfig: cluster.Kubeconfig(),
 		Provision: provision.Config{Installation: "lifecycle", Image: "example.invalid/talkide-worker:test", ControlPlaneNamespace: "talkide-system",
-			Grace: 4 * time.Second, Resync: time.Second, TerminatingWait: 5 * time.Second},
+			// The controller acts on changes and on due tokens; the resync
+			// is only its backstop. The grace outlasts a rotate request
+			// on a loaded machine (it waits for a reconcile in flight).
+			Grace: 8 * time.Second, Resync: 10 * time.Second, TerminatingWait: 5 * time.Second},
 		Logger: log.With("component", "controlplane"),
 	}
 	if err := cpCfg.Validate(); err != nil {

@@ -167,6 +167,7 @@ func ScopePolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.Validat
 				{Expression: "request.resource.resource != 'roles' || request.operation == 'DELETE' || !has(object.rules) || object.rules.all(r, !has(r.resourceNames) && (!has(r.nonResourceURLs) || size(r.nonResourceURLs) == 0) && (" +
 					"(r.apiGroups == ['batch'] && r.resources == ['jobs'] && r.verbs.all(v, v in ['create', 'get', 'list', 'watch', 'delete'])) || " +
 					"(r.apiGroups == [''] && r.resources.all(x, x in ['pods', 'pods/log']) && r.verbs.all(v, v in ['get', 'list', 'watch'])) || " +
+					"(r.apiGroups == [''] && r.resources == ['events'] && r.verbs == ['list']) || " +
 					"(r.apiGroups == ['coordination.k8s.io'] && r.resources == ['leases'] && r.verbs.all(v, v in ['get', 'create', 'update', 'delete']))))",
 					Reason: forbidden, Message: "the TalkIDE control plane may grant a worker only the worker's rights"},
 				// The worker's pod needs more than baseline (see

@@ -854,8 +854,15 @@ func TestNewRevisionSettlesBeforeItTakesOver(t *testing.T) {
 	r.cfg.ConfigRevision = 4
 	newer := r.another(r.kube)
 	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	newer.Start(runCtx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- newer.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-stopped; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	r.waitFor("the controller's caches", 60*time.Second, func() (bool, error) { return newer.HasSynced(), nil })
 	if _, err := newer.Provision(ctx, r.tenant(), "dev"); reasonOf(err) != provision.ReasonOutdatedConfig || !strings.Contains(err.Error(), "started less than") {
 		t.Fatalf("a provision through a control plane still settling while revision 3 runs: %v; want OutdatedConfig", err)
 	}

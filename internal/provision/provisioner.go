@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -68,7 +69,7 @@ type K8sWorkerProvisioner struct {
 	locks map[string]*keyLock
 	// noAPIServer logs once that the API server's address is unknown.
 	noAPIServer sync.Once
-	// policyApplied is when the Job policy was last applied (guarded by
+	// policyApplied is when the admission policies were last checked (guarded by
 	// mu): at most once a resync period.
 	policyApplied time.Time
 	// claimedAt is when this control plane last said its configuration
@@ -77,6 +78,9 @@ type K8sWorkerProvisioner struct {
 	// runAt is when Run started (guarded by mu); zero without Run (an
 	// operator's command, a test driving ReconcileAll).
 	runAt time.Time
+	// ctl is Run's informer caches and queue while it runs (guarded by
+	// mu); nil otherwise, and every object is then applied.
+	ctl *controllerState
 
 	// orphanAge (a minute) is how old an unrevoked identity token that is
 	// neither in the Secret nor retiring must be before it is revoked as
@@ -164,7 +168,8 @@ func (p *K8sWorkerProvisioner) Provision(ctx context.Context, tenant, env string
 	if err != nil {
 		return Status{}, err
 	}
-	err = p.reconcile(ctx, tenant, env, gen, false, p.cfg.TerminatingWait)
+	err = p.reconcile(ctx, tenant, env, gen, reconcileOptions{wait: p.cfg.TerminatingWait, applyAll: true})
+	p.enqueue(tenant, env)
 	var pe *Error
 	if errors.As(err, &pe) && pe.Reason == ReasonNamespaceConflict {
 		// Nothing of this tenant-env can exist there: keep no record
@@ -194,18 +199,32 @@ func (p *K8sWorkerProvisioner) RotateIdentity(ctx context.Context, tenant, env s
 	if err != nil {
 		return Status{}, err
 	}
-	if err := p.reconcile(ctx, tenant, env, rec.Generation, true, p.cfg.TerminatingWait); err != nil {
+	err = p.reconcile(ctx, tenant, env, rec.Generation, reconcileOptions{forceRotate: true, wait: p.cfg.TerminatingWait, applyAll: true})
+	p.enqueue(tenant, env) // the retired token's end of grace
+	if err != nil {
 		st, _ := p.Status(ctx, tenant, env)
 		return st, err
 	}
 	return p.Status(ctx, tenant, env)
 }
 
-// reconcile applies every object of generation gen. forceRotate replaces
-// the identity token even when it is far from expiry; wait bounds the wait
-// for a namespace or claim still being deleted (0 in the resync, so one
-// stuck worker does not hold up the others).
-func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, forceRotate bool, wait time.Duration) error {
+// reconcileOptions say how a reconcile goes.
+type reconcileOptions struct {
+	// forceRotate replaces the identity token even when it is far from
+	// expiry.
+	forceRotate bool
+	// wait bounds the wait for a namespace or claim still being deleted
+	// (0 in the controller, so one stuck worker does not hold up the
+	// others).
+	wait time.Duration
+	// applyAll applies every object even when the controller's cache
+	// shows it as wanted (an operator's provision: the cache may not have
+	// seen a deletion yet).
+	applyAll bool
+}
+
+// reconcile applies every object of generation gen.
+func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) error {
 	l := p.keyLock(tenant, env)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -219,7 +238,7 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 		l.cancel = nil
 		p.mu.Unlock()
 	}()
-	err := p.apply(ctx, tenant, env, gen, forceRotate, wait)
+	err := p.apply(ctx, tenant, env, gen, o)
 	if err != nil && ctx.Err() != nil {
 		// Cancelled by a deprovision (or the caller): say why.
 		if cur, rerr := p.current(context.WithoutCancel(ctx), tenant, env, gen); rerr == nil && !cur {
@@ -234,7 +253,16 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 			// Not the worker's failure: the newer control plane reconciles it.
 			return err
 		}
-		if !errors.As(err, &pe) || pe.Reason != ReasonSuperseded {
+		switch {
+		case errors.As(err, &pe) && pe.Reason == ReasonSuperseded:
+		case errors.As(err, &pe) && (pe.Reason == ReasonNamespaceTerminating || pe.Reason == ReasonPVCTerminating):
+			// Waiting for the cluster, not failing: said once a pass.
+			p.cfg.Logger.Info("worker reconcile waits", "tenant", tenant, "env", env, "generation", gen, "err", err)
+		case ctx.Err() != nil:
+			// The caller stopped it (the control plane shutting down,
+			// an admin request gone): the next reconcile carries on.
+			p.cfg.Logger.Info("worker reconcile stopped", "tenant", tenant, "env", env, "generation", gen, "err", err)
+		default:
 			p.cfg.Logger.Warn("worker reconcile failed", "tenant", tenant, "env", env, "generation", gen, "err", err)
 		}
 	}
@@ -257,9 +285,25 @@ func (p *K8sWorkerProvisioner) current(ctx context.Context, tenant, env string, 
 	return rec.Desired == controlstore.WorkerPresent && rec.Generation == gen, nil
 }
 
-func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, forceRotate bool, wait time.Duration) error {
+func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) error {
 	ns := Namespace(tenant, env)
+	wait := o.wait
+	// put applies obj unless the controller's cache shows it as wanted
+	// already: every field it sets has the value it sets (fields others
+	// added are theirs, as server-side apply leaves them too).
+	put := func(obj object) error {
+		if live, ok := p.cached(obj); ok && !o.applyAll && satisfies(obj, live) {
+			return nil
+		}
+		return p.applyObject(ctx, obj)
+	}
 	if err := p.checkConfigRevision(ctx); err != nil {
+		return err
+	}
+	// Before anything is made: the policy that keeps the worker's Jobs
+	// unprivileged, and the one that keeps the control plane in its own
+	// namespaces.
+	if err := p.ensurePolicies(ctx); err != nil {
 		return err
 	}
 	stillCurrent := func() error {
@@ -278,7 +322,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := stillCurrent(); err != nil {
 		return err
 	}
-	if err := p.applyObject(ctx, namespaceObject(&p.cfg, tenant, env)); err != nil {
+	if err := put(namespaceObject(&p.cfg, tenant, env)); err != nil {
 		return err
 	}
 	if err := p.step(ctx, tenant, env, "namespace"); err != nil {
@@ -290,20 +334,15 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := stillCurrent(); err != nil {
 		return err
 	}
-	// Before the worker may create Jobs, the policy that keeps them
-	// unprivileged is in place.
-	if err := p.ensureJobPolicy(ctx); err != nil {
-		return err
-	}
 	for _, obj := range []object{quotaObject(&p.cfg, tenant, env), serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
-		if err := p.applyObject(ctx, obj); err != nil {
+		if err := put(obj); err != nil {
 			return err
 		}
 	}
 	if err := p.step(ctx, tenant, env, "rbac"); err != nil {
 		return err
 	}
-	secretHash, err := p.ensureSecret(ctx, tenant, env, forceRotate)
+	secretHash, err := p.ensureSecret(ctx, tenant, env, o.forceRotate)
 	if err != nil {
 		return err
 	}
@@ -321,7 +360,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 		return err
 	}
 	for _, obj := range []object{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer), jobsNetworkPolicyObject(&p.cfg, tenant, env)} {
-		if err := p.applyObject(ctx, obj); err != nil {
+		if err := put(obj); err != nil {
 			return err
 		}
 	}
@@ -331,7 +370,7 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 	if err := stillCurrent(); err != nil {
 		return err
 	}
-	if err := p.applyObject(ctx, deploymentObject(&p.cfg, tenant, env, secretHash)); err != nil {
+	if err := put(deploymentObject(&p.cfg, tenant, env, secretHash)); err != nil {
 		return err
 	}
 	if err := p.step(ctx, tenant, env, "deployment"); err != nil {
@@ -493,13 +532,23 @@ func (p *K8sWorkerProvisioner) waitNamespace(ctx context.Context, tenant, env st
 }
 
 // terminatingMessage says how long ns has been terminating and what holds
-// it, from the namespace controller's conditions.
+// it: finalizers on the namespace itself (which the namespace controller
+// does not report: whoever set them must remove them), then what the
+// namespace controller's conditions say of its content.
 func terminatingMessage(ns *corev1.Namespace, now time.Time) string {
 	msg := fmt.Sprintf("namespace %s has been terminating for %s", ns.Name, now.Sub(ns.DeletionTimestamp.Time).Round(time.Second))
+	if len(ns.Finalizers) > 0 {
+		msg += fmt.Sprintf("; the namespace itself has finalizers %v (metadata.finalizers): it stays until whatever set them removes them", ns.Finalizers)
+	}
+	said := false
 	for _, c := range ns.Status.Conditions {
 		if c.Status == corev1.ConditionTrue && c.Message != "" {
 			msg += "; " + c.Message
+			said = true
 		}
+	}
+	if !said && len(ns.Finalizers) == 0 && len(ns.Spec.Finalizers) > 0 {
+		msg += fmt.Sprintf("; the namespace controller has yet to finish (spec.finalizers %v)", ns.Spec.Finalizers)
 	}
 	return msg
 }
@@ -541,70 +590,99 @@ func (p *K8sWorkerProvisioner) ensurePVC(ctx context.Context, tenant, env string
 }
 
 // apiServerCIDRs are the API server's addresses for the NetworkPolicy:
-// configured, else from Endpoints default/kubernetes.
+// configured, else from EndpointSlice default/kubernetes (which the API
+// server keeps).
 func (p *K8sWorkerProvisioner) apiServerCIDRs(ctx context.Context) ([]string, error) {
 	if len(p.cfg.APIServerCIDRs) > 0 {
 		return p.cfg.APIServerCIDRs, nil
 	}
-	ep, err := p.kube.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	es, err := p.kube.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		p.noAPIServer.Do(func() {
-			p.cfg.Logger.Warn("Endpoints default/kubernetes not found: the workers' NetworkPolicy lets them reach no API server (set TALKIDE_WORKER_APISERVER_CIDRS)")
+			p.cfg.Logger.Warn("EndpointSlice default/kubernetes not found: the workers' NetworkPolicy lets them reach no API server (set TALKIDE_WORKER_APISERVER_CIDRS)")
 		})
 		return nil, nil
 	}
 	if err != nil {
-		return nil, apiError("read Endpoints default/kubernetes", err)
+		return nil, apiError("read EndpointSlice default/kubernetes", err)
 	}
 	var out []string
-	for _, s := range ep.Subsets {
-		for _, a := range s.Addresses {
-			if strings.Contains(a.IP, ":") {
-				out = append(out, a.IP+"/128")
+	for _, e := range es.Endpoints {
+		for _, a := range e.Addresses {
+			if strings.Contains(a, ":") {
+				out = append(out, a+"/128")
 			} else {
-				out = append(out, a.IP+"/32")
+				out = append(out, a+"/32")
 			}
 		}
 	}
 	return out, nil
 }
 
-// ensureJobPolicy makes sure the cluster-wide policy on workers' Jobs
-// (JobPolicy) is in force, at most once per Config.Resync: it applies it
-// where it may (an administrator's credentials), else checks that an
-// administrator installed it; without it no worker is provisioned.
-func (p *K8sWorkerProvisioner) ensureJobPolicy(ctx context.Context) error {
+// ensurePolicies makes sure both cluster-wide admission policies are in
+// force, at most once per Config.Resync: JobPolicy (workers' Jobs stay
+// unprivileged) and ScopePolicy (the control plane's own writes stay in
+// the namespaces it made). It applies them where it may (an
+// administrator's credentials), else checks that an administrator
+// installed each policy with a binding that denies; without either, no
+// worker is provisioned (PolicyMissing): the control plane's ClusterRole
+// reaches every namespace, and only ScopePolicy narrows it.
+func (p *K8sWorkerProvisioner) ensurePolicies(ctx context.Context) error {
 	p.mu.Lock()
 	fresh := !p.policyApplied.IsZero() && p.now().Sub(p.policyApplied) < p.cfg.Resync
 	p.mu.Unlock()
 	if fresh {
 		return nil
 	}
-	pol, bind := JobPolicy()
-	err := p.applyObject(ctx, pol)
-	if err == nil {
-		err = p.applyObject(ctx, bind)
-	}
-	if err != nil && apierrors.IsForbidden(errors.Unwrap(err)) {
-		// The control plane's own ClusterRole may only read it.
-		_, gerr := p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, JobPolicyName, metav1.GetOptions{})
-		if gerr == nil {
-			_, gerr = p.kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, JobPolicyName, metav1.GetOptions{})
+	for _, pp := range []struct {
+		name, what string
+		objs       func() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding)
+	}{
+		{JobPolicyName, "keeps workers' Jobs unprivileged", JobPolicy},
+		{ScopePolicyName, "confines the control plane's writes to the namespaces it made", ScopePolicy},
+	} {
+		if err := p.ensurePolicy(ctx, pp.name, pp.what, pp.objs); err != nil {
+			return err
 		}
-		if apierrors.IsNotFound(gerr) {
-			return &Error{Reason: ReasonPolicyMissing, Message: "the ValidatingAdmissionPolicy " + JobPolicyName + " (and its binding), which keeps workers' Jobs unprivileged, is not installed: install the manifests `talkide-controlplane clusterrole` prints", Err: gerr}
-		}
-		err = nil
-		if gerr != nil {
-			err = apiError("read ValidatingAdmissionPolicy "+JobPolicyName, gerr)
-		}
-	}
-	if err != nil {
-		return err
 	}
 	p.mu.Lock()
 	p.policyApplied = p.now()
 	p.mu.Unlock()
+	return nil
+}
+
+// ensurePolicy applies one policy and its binding or, when the control
+// plane may not (Forbidden), checks that they are installed and that the
+// binding denies (an audit-only binding confines nothing).
+func (p *K8sWorkerProvisioner) ensurePolicy(ctx context.Context, name, what string, objs func() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding)) error {
+	pol, bind := objs()
+	err := p.applyObject(ctx, pol)
+	if err == nil {
+		err = p.applyObject(ctx, bind)
+	}
+	if err == nil || !apierrors.IsForbidden(errors.Unwrap(err)) {
+		return err
+	}
+	// The control plane's own ClusterRole may only read them.
+	missing := func(why string, err error) error {
+		return &Error{Reason: ReasonPolicyMissing, Message: "the ValidatingAdmissionPolicy " + name + " (which " + what + ") " + why +
+			": no worker is provisioned without it; install the manifests `talkide-controlplane clusterrole` prints (docs/provisioning.md)", Err: err}
+	}
+	adm := p.kube.AdmissionregistrationV1()
+	if _, err := adm.ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		return missing("is not installed", err)
+	} else if err != nil {
+		return apiError("read ValidatingAdmissionPolicy "+name, err)
+	}
+	b, err := adm.ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return missing("has no binding", err)
+	} else if err != nil {
+		return apiError("read ValidatingAdmissionPolicyBinding "+name, err)
+	}
+	if b.Spec.PolicyName != name || !slices.Contains(b.Spec.ValidationActions, admissionv1.Deny) {
+		return missing(fmt.Sprintf("is not enforced: its binding names policy %q with actions %v, not Deny", b.Spec.PolicyName, b.Spec.ValidationActions), nil)
+	}
 	return nil
 }
 

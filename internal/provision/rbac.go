@@ -7,12 +7,14 @@ import (
 
 // WorkerRules are the rights of a worker's ServiceAccount in its own
 // namespace (Role talkide-worker), and nothing more: build Jobs it
-// dispatches, their pods and logs, and the Leases of conversation
-// ownership. Nothing cluster-wide.
+// dispatches, their pods and logs, the events of its namespace (why a
+// build Job could make no pod: a quota's refusal), and the Leases of
+// conversation ownership. Nothing cluster-wide.
 func WorkerRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"pods", "pods/log"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"}},
 	}
 }
@@ -44,7 +46,12 @@ const ControlPlaneServiceAccount = "talkide-controlplane"
 //     ScopePolicy limits it to the provisioner's namespaces), and read or
 //     change only those names: no other Secret anywhere can be read.
 //   - pods, events: read, for the reason a worker is not ready.
-//   - endpoints "kubernetes" (get): where the API server is, for the
+//   - serviceaccounts, services, persistentvolumeclaims, resourcequotas,
+//     deployments, roles, rolebindings, networkpolicies: list and watch,
+//     for the controller's informers (Run), which select the
+//     installation's labels; RBAC cannot limit a list by label, so these
+//     kinds are readable everywhere (as pods already are; never Secrets).
+//   - endpointslices "kubernetes" (get): where the API server is, for the
 //     worker's NetworkPolicy.
 //   - validatingadmissionpolicies and their bindings: read
 //     talkide-worker-jobs and talkide-controlplane-scope (checked before
@@ -73,7 +80,13 @@ func ClusterRole() *rbacv1.ClusterRole {
 		named("rbac.authorization.k8s.io", "rolebindings", WorkerName, change...),
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, ResourceNames: []string{WorkerName, JobsNetworkPolicyName}, Verbs: change},
 		{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: []string{"get", "list", "watch"}},
-		named("", "endpoints", "kubernetes", "get"),
+		// The controller's informers (Run): it asks only for its own
+		// labels, but RBAC cannot limit a list by label.
+		{APIGroups: []string{""}, Resources: []string{"serviceaccounts", "services", "persistentvolumeclaims", "resourcequotas"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"rbac.authorization.k8s.io"}, Resources: []string{"roles", "rolebindings"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+		named("discovery.k8s.io", "endpointslices", "kubernetes", "get"),
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
 			ResourceNames: []string{JobPolicyName, ScopePolicyName}, Verbs: []string{"get"}},
 	}

@@ -32,6 +32,8 @@ func TestControlPlaneWorksWithExactlyItsClusterRole(t *testing.T) {
 	cpNS := r.cluster.Namespace(t)
 	kube := r.serviceAccountWith(t, cpNS, provision.ControlPlaneServiceAccount, provision.ClusterRole().Rules)
 	p := r.another(kube)
+	// Its controller can watch everything it watches with these rights.
+	r.run(p)
 	tn := r.tenant()
 	if _, err := p.Provision(ctx, tn, "dev"); err != nil {
 		t.Fatalf("provision as the control plane's ServiceAccount: %v", err)

@@ -53,6 +53,7 @@ func kubeRights(ns string) (must, should, mustNot []kubeRight) {
 	for _, v := range []string{"get", "list", "watch"} {
 		should = append(should, kubeRight{"", "pods", "", v, ns}, kubeRight{"", "pods", "log", v, ns})
 	}
+	should = append(should, kubeRight{"", "events", "", "list", ns})
 	mustNot = []kubeRight{
 		{"", "secrets", "", "get", ns},
 		{"", "pods", "", "create", ns},

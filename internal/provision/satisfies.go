@@ -1,0 +1,68 @@
+package provision
+
+import (
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// satisfies reports whether live already has every field desired sets,
+// with the same value: desired's labels, annotations and spec (or rules,
+// subjects, role reference) compared as JSON trees, where a map of
+// desired must be contained in live's, a list must have as many elements
+// each satisfied in order, and a value desired leaves unset (omitted or
+// null) is not compared. So the API server's defaults and fields others
+// added do not count as a difference, and a changed or removed value does.
+// Any conversion error counts as a difference (the object is applied).
+func satisfies(desired, live runtime.Object) bool {
+	d, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
+	if err != nil {
+		return false
+	}
+	l, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
+	if err != nil {
+		return false
+	}
+	delete(d, "apiVersion")
+	delete(d, "kind")
+	delete(d, "status")
+	if m, ok := d["metadata"].(map[string]any); ok {
+		d["metadata"] = map[string]any{"labels": m["labels"], "annotations": m["annotations"]}
+	}
+	return contains(d, l)
+}
+
+// contains reports whether live has every value of desired (see
+// satisfies).
+func contains(desired, live any) bool {
+	switch d := desired.(type) {
+	case nil:
+		return true
+	case map[string]any:
+		l, ok := live.(map[string]any)
+		if !ok {
+			return len(d) == 0 && live == nil
+		}
+		for k, v := range d {
+			if !contains(v, l[k]) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		l, ok := live.([]any)
+		if !ok {
+			return len(d) == 0 && live == nil
+		}
+		if len(d) != len(l) {
+			return false
+		}
+		for i := range d {
+			if !contains(d[i], l[i]) {
+				return false
+			}
+		}
+		return true
+	default:
+		return equality.Semantic.DeepEqual(desired, live)
+	}
+}
