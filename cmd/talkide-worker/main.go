@@ -115,8 +115,7 @@ func configFromEnv() (worker.Config, error) {
 	if cfg.NoOpUpstream != nil {
 		cfg.NoOpAPIKey = os.Getenv("ANTHROPIC_API_KEY")
 	}
-	cfg.Builds = worker.BuildConfig{Mode: os.Getenv("TALKIDE_BUILDS"), Image: os.Getenv("TALKIDE_BUILD_IMAGE"),
-		GradleReadOnlyCache: os.Getenv("TALKIDE_BUILD_GRADLE_RO_CACHE"), Gradle: os.Getenv("TALKIDE_BUILD_GRADLE")}
+	cfg.Builds = worker.BuildConfig{Mode: os.Getenv("TALKIDE_BUILDS"), Image: os.Getenv("TALKIDE_BUILD_IMAGE"), Gradle: os.Getenv("TALKIDE_BUILD_GRADLE")}
 	if cfg.Builds.NodeSelector, err = worker.ParseSelector(os.Getenv("TALKIDE_BUILD_NODE_SELECTOR")); err != nil {
 		return cfg, fmt.Errorf("TALKIDE_BUILD_NODE_SELECTOR: %w", err)
 	}

@@ -14,10 +14,12 @@
 // name is deterministic (JobName), so a create repeated after a restart
 // finds the Job already there instead of starting a second build.
 //
-// Dispatcher runs Jobs in a namespace: a limit with a queue, create or
-// adopt, a watch to completion that survives expired resource versions, a
-// Pending timeout with the scheduler's or kubelet's reason, and
-// cancellation that deletes the Job with its pod; FollowLogs streams a
+// Dispatcher runs Jobs in a namespace: a limit with a queue, one Job per
+// conversation at a time, a wait while the namespace's quota refuses a
+// Job, create or adopt (never a Job being deleted), a watch to completion
+// that survives expired resource versions, a Pending timeout with the
+// scheduler's, kubelet's or Job controller's reason, and cancellation that
+// deletes the Job with its pod, also one whose create raced it; FollowLogs streams a
 // build's log with resume; Reconcile is the pass after a worker restart.
 // Results come from the build's JUnit files in the working tree
 // (ReadResults), not from logs. LocalRunner runs the same builds, for the
@@ -123,7 +125,9 @@ type Base struct {
 	// DeadlineExceeded). Default 30 minutes.
 	ActiveDeadline time.Duration
 	// TTLAfterFinished is how long a finished Job (and its pod, with its
-	// logs) stays for its results to be read. Default 1 hour.
+	// logs) stays at most: the worker deletes it once its result is
+	// delivered (KubeRunner.Release), and this ends one nobody did.
+	// Default 1 hour.
 	TTLAfterFinished time.Duration
 	// NodeSelector and Tolerations put builds on a dedicated node pool
 	// (DESIGN open point 3); off by default. A selector may not name a
@@ -171,7 +175,11 @@ func (b *Base) Validate() error {
 // and working-tree mount are filled in here) with the further volumes
 // extra. root runs the container as uid 0 (in a user namespace of its own:
 // Kaniko unpacks images as root); otherwise as req.RunAsUser.
-func (b *Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Volume, root bool) (*batchv1.Job, error) {
+//
+// b is a copy: Validate applies the defaults to it, so that concurrent
+// builds (one builder serves all of a worker's conversations) only read
+// the builder's own Base.
+func (b Base) job(req Request, kind Kind, c corev1.Container, extra []corev1.Volume, root bool) (*batchv1.Job, error) {
 	if err := errors.Join(b.Validate(), req.validate()); err != nil {
 		return nil, err
 	}

@@ -76,7 +76,6 @@ func TestRefusals(t *testing.T) {
 		"a node by name":        {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, NodeSelector: map[string]string{"kubernetes.io/hostname": "n1"}}}, nil, "by name"},
 		"every taint":           {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}}, nil, "toleration"},
 		"an unhealthy node":     {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image, Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/unreachable"}}}}, nil, "toleration"},
-		"a cache outside":       {buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}, ReadOnlyCacheSubPath: "../x"}, nil, "read-only cache"},
 	} {
 		r := ok
 		if c.r != nil {
@@ -148,7 +147,7 @@ func workerNamespace(t *testing.T) (worker kubernetes.Interface, tenant, ns stri
 func TestJobsRunWithTheWorkersRights(t *testing.T) {
 	ctx := context.Background()
 	worker, tenant, ns := workerNamespace(t)
-	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}, ReadOnlyCacheSubPath: "cache/gradle"}
+	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}
 	gj, err := g.Job(buildjob.GradleRequest{Request: request(tenant, "dev"), Tasks: []string{"test"}, Tests: "com.acme.FooTest", Offline: true})
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,6 @@
 package buildjob
 
 import (
-	"errors"
-	"fmt"
 	"regexp"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -15,19 +13,16 @@ import (
 // The Gradle cache (DESIGN open point 2): Gradle's cache locks are
 // released over loopback, which does not cross pods, so concurrent builds
 // must never share a writable cache. Each Job gets its own writable Gradle
-// home (an emptyDir, GRADLE_USER_HOME) and, when ReadOnlyCacheSubPath is
-// set, the shared dependency cache read-only (GRADLE_RO_DEP_CACHE), a
-// directory of the session volume that one writer seeds (a Job run with
-// its home there, when no build runs). Reads of a read-only cache need no
-// locks, so builds of a tenant-env run in parallel up to the worker's
-// limit; only the seeding is exclusive.
+// home (an emptyDir, GRADLE_USER_HOME), which ends with the Job, and no
+// shared cache: the builder's Gradle (Debian bookworm's, 4.4.1, the only
+// one it packages) predates Gradle's read-only dependency cache
+// (GRADLE_RO_DEP_CACHE, Gradle 6.2). An offline build (--offline, as
+// KubeRunner asks) resolves its dependencies from the project (jars or a
+// file repository in the working tree) or from the image (Debian's Maven
+// repository, /usr/share/maven-repo, and /usr/share/java: JUnit 4 and
+// Hamcrest; docs/images.md).
 type GradleJobBuilder struct {
 	Base
-	// ReadOnlyCacheSubPath is the seeded dependency cache's directory on
-	// the session volume (e.g. "cache/gradle"); empty: none, each build
-	// resolves its dependencies itself (offline builds then need them in
-	// the project).
-	ReadOnlyCacheSubPath string
 }
 
 // GradleRequest is one Gradle build.
@@ -47,7 +42,6 @@ var (
 	// A filter never starts with "-": it follows --tests as an argument
 	// of its own, and Gradle would read "--init-script" there as an option.
 	gradleFilter = regexp.MustCompile(`^[A-Za-z0-9_.$*#][A-Za-z0-9_.$*#-]{0,255}$`)
-	subPath      = regexp.MustCompile(`^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$`)
 )
 
 // ReportsDir is where a Gradle build leaves its JUnit XML, relative to the
@@ -58,9 +52,6 @@ const ReportsDir = "build/test-results"
 // never options, so a request cannot add an init script or a property.
 func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
 	args, err := Spec{Tasks: r.Tasks, Tests: r.Tests}.gradleArgs(r.Offline)
-	if g.ReadOnlyCacheSubPath != "" && !subPath.MatchString(g.ReadOnlyCacheSubPath) {
-		err = errors.Join(err, fmt.Errorf("gradle read-only cache %q: want a relative path of plain names", g.ReadOnlyCacheSubPath))
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -72,10 +63,6 @@ func (g *GradleJobBuilder) Job(r GradleRequest) (*batchv1.Job, error) {
 		VolumeMounts: []corev1.VolumeMount{{Name: "gradle-home", MountPath: "/gradle-home"}},
 	}
 	vols := []corev1.Volume{{Name: "gradle-home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if g.ReadOnlyCacheSubPath != "" {
-		c.Env = append(c.Env, corev1.EnvVar{Name: "GRADLE_RO_DEP_CACHE", Value: "/gradle-ro-cache"})
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "workspace", MountPath: "/gradle-ro-cache", SubPath: g.ReadOnlyCacheSubPath, ReadOnly: true})
-	}
 	// The root file system is read-only: what a build writes goes to the
 	// working tree, its Gradle home or /tmp (an emptyDir).
 	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})

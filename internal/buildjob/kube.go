@@ -12,10 +12,11 @@ const (
 )
 
 // KubeRunner runs builds as Kubernetes Jobs in the tenant-env's namespace:
-// the Job from Gradle, run by Dispatcher (queue, create or adopt, watch,
-// Pending timeout, cancellation), its log followed into Hooks.Line, and its
-// results read from the JUnit files it wrote in the conversation's working
-// tree, which the worker sees on the same session volume.
+// the Job from Gradle, run by Dispatcher (queue, one Job per conversation
+// at a time, create or adopt, watch, Pending timeout, cancellation), its
+// log followed into Hooks.Line, and its results read from the JUnit files
+// it wrote in the conversation's working tree, which the worker sees on
+// the same session volume. The finished Job stays until Release.
 type KubeRunner struct {
 	Dispatcher *Dispatcher
 	Gradle     *GradleJobBuilder
@@ -24,7 +25,7 @@ type KubeRunner struct {
 	// the same volume). Required.
 	WorkspaceRoot string
 	// Offline passes --offline: the build resolves nothing from the
-	// network (dependencies come from the project or the read-only cache).
+	// network (dependencies come from the project or the builder image).
 	Offline bool
 }
 
@@ -85,6 +86,16 @@ func (k *KubeRunner) Run(ctx context.Context, req Request, spec Spec, hooks Hook
 		rep.readResults(k.WorkspaceRoot, req)
 	}
 	return rep, nil
+}
+
+// Release deletes req's build Job (Dispatcher.Delete: at once, its pod by
+// background propagation) once the caller has delivered the build's
+// report, so that finished Jobs do not hold the namespace's Job quota.
+// Call it only then: a worker that restarts before the delivery follows
+// the Job again to deliver it. A Job already gone is no error; errors are
+// the API's.
+func (k *KubeRunner) Release(ctx context.Context, req Request) error {
+	return k.Dispatcher.Delete(ctx, JobName(KindGradle, req.Conversation, req.ID))
 }
 
 // followJobLogs waits for the Job's pod to exist and follows its log.

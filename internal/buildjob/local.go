@@ -414,8 +414,10 @@ func (l *LocalRunner) run(ctx context.Context, req Request, tree string, args []
 		defer close(read)
 		r := bufio.NewReaderSize(pr, 64<<10)
 		for {
-			s, err := readLine(r)
-			if s != "" || err == nil {
+			// A last line without a newline is the build's too: its
+			// output ends with its processes.
+			s, whole, err := readLine(r)
+			if whole || s != "" {
 				line(s)
 			}
 			if err != nil {

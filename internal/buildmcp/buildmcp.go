@@ -11,7 +11,8 @@
 // build_progress (queue place, pod phase, log lines in batches) and
 // build_completed (contract.BuildCompleted). A build is recorded in the
 // SessionStore (sessionstore.BuildRecord) before it starts and the record
-// removed once its build_completed is stored; Recover, run at worker start
+// removed once its build_completed is stored, and then its build Job
+// deleted (Releaser); Recover, run at worker start
 // and then periodically, delivers the result of every recorded build no
 // live tool call follows (a worker restarted mid-build) and deletes the
 // build Jobs nothing records. An interrupted turn or a deleted conversation
@@ -271,9 +272,32 @@ func (s *Server) deliver(rec sessionstore.BuildRecord, rep buildjob.Report, err 
 	}
 	if err := s.cfg.Records.RemoveBuild(rec.Conversation, rec.ID); err != nil {
 		s.cfg.Logger.Error("remove build record", "conversation", rec.Conversation, "build", rec.ID, "err", err)
+		return done // kept: the next pass delivers it again, from its Job
+	}
+	// Delivered and forgotten: the build's Job goes now, not at the next
+	// pass (a finished Job holds the namespace's Job quota). Not when the
+	// build could not run or be followed (err): what has its name may not
+	// be its Job, and the next pass deletes it if it is.
+	if r, ok := s.cfg.Runner.(Releaser); ok && err == nil && (rep.Outcome.Phase == buildjob.PhaseSucceeded || rep.Outcome.Phase == buildjob.PhaseFailed) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req := buildjob.Request{Tenant: s.cfg.Tenant, Env: s.cfg.Env, Conversation: rec.Conversation, ID: rec.ID, RunAsUser: rec.UID}
+		if err := r.Release(ctx, req); err != nil {
+			s.cfg.Logger.Warn("delete a delivered build's Job; the next pass does", "conversation", rec.Conversation, "build", rec.ID, "err", err)
+		}
 	}
 	return done
 }
+
+// Releaser is a Runner whose builds leave something behind until their
+// result is delivered: buildjob.KubeRunner, the finished Job (which a
+// worker restarted before the delivery follows again). deliver releases a
+// build once its build_completed is stored and its record removed.
+type Releaser interface {
+	Release(ctx context.Context, req buildjob.Request) error
+}
+
+var _ Releaser = (*buildjob.KubeRunner)(nil)
 
 // maxFailedShown bounds the failed tests an event and a tool result carry.
 const maxFailedShown = 50

@@ -196,8 +196,7 @@ func resolve(members map[string]tar.Header, p string) (tar.Header, bool) {
 // image's own.
 func TestBuilderGradleImageFitsTheGradleJob(t *testing.T) {
 	img, r := buildBuilderGradle(t, fakeBuilderBase(t, ""))
-	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: "registry.example/talkide-builder-gradle@" + r.Digest.String()},
-		ReadOnlyCacheSubPath: "cache/gradle"}
+	g := buildjob.GradleJobBuilder{Base: buildjob.Base{Image: "registry.example/talkide-builder-gradle@" + r.Digest.String()}}
 	job, err := g.Job(buildjob.GradleRequest{Request: buildjob.Request{Tenant: "acme", Env: "dev", Conversation: "c1", ID: "b1", RunAsUser: 12345},
 		Tasks: []string{"test"}})
 	if err != nil {

@@ -57,10 +57,6 @@ type BuildConfig struct {
 	// "key=value:Effect,key:Effect,…"]. Default: none.
 	NodeSelector map[string]string
 	Tolerations  []corev1.Toleration
-	// GradleReadOnlyCache is the seeded read-only Gradle dependency cache,
-	// a directory of the session volume relative to it (e.g.
-	// "cache/gradle") [TALKIDE_BUILD_GRADLE_RO_CACHE]. Default: none.
-	GradleReadOnlyCache string
 	// Gradle is the gradle binary of local builds [TALKIDE_BUILD_GRADLE].
 	// Default: gradle on PATH.
 	Gradle string
@@ -109,8 +105,7 @@ func newBuilds(c Config, store *sessionstore.Store, jail *sandbox.Jail, kube fun
 			cfg.Unavailable = "the operator turned builds off (TALKIDE_BUILDS=off)."
 		}
 	case BuildsKubernetes:
-		g := &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: bc.Image, ActiveDeadline: bc.Timeout, NodeSelector: bc.NodeSelector, Tolerations: bc.Tolerations},
-			ReadOnlyCacheSubPath: bc.GradleReadOnlyCache}
+		g := &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: bc.Image, ActiveDeadline: bc.Timeout, NodeSelector: bc.NodeSelector, Tolerations: bc.Tolerations}}
 		if err := g.Validate(); err != nil {
 			return nil, fmt.Errorf("TALKIDE_BUILD_*: %w", err)
 		}
