@@ -2,7 +2,8 @@
 // that the platform's proxies need: the error envelope and its types
 // (Anthropic API errors documentation; httpapi.AnthropicBody writes it), usage accounting over a Messages stream or answer
 // (StreamMeter, ParseMessageUsage: message_start / message_delta usage, set
-// not added, error events, an estimate of delivered output) and the fast scan
+// not added, error events, an estimate of delivered output, and why usage
+// that cannot settle a call is unreadable) and the fast scan
 // of a request's model and max_tokens (ScanRequestHead).
 //
 // It is not a client SDK and does not model requests beyond what budgeting

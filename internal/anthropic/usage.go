@@ -3,6 +3,8 @@ package anthropic
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 )
 
 // Usage is the token usage of one Messages call, by kind, as billed.
@@ -41,6 +43,15 @@ type Usage struct {
 	StopReason        string
 	// ErrorType is the error.type of an "error" event or error body, if any.
 	ErrorType string
+	// Unreadable says why the usage that settles the call could not be
+	// read, and is empty when it was (or has not come yet): the last
+	// message_delta, or a JSON message, is not valid JSON, has no usage or
+	// no output_tokens, or has a count of the wrong JSON type or below
+	// zero; message_start has a count below zero; a stream was cut inside
+	// a message_delta event (StreamMeter.Ended). The counts above then
+	// hold the last readable figures, which do not settle the call (the
+	// gateway books it at its reservation).
+	Unreadable string
 }
 
 type wireUsage struct {
@@ -57,6 +68,46 @@ type wireUsage struct {
 		WebFetchRequests  *int64 `json:"web_fetch_requests"`
 	} `json:"server_tool_use"`
 	InferenceGeo *string `json:"inference_geo"`
+}
+
+// check returns why w cannot settle a call, or "": a count that is
+// negative, or (needOutput) output_tokens missing or null. what names the
+// event for the reason.
+func (w *wireUsage) check(what string, needOutput bool) string {
+	if w == nil {
+		return what + " has no usage"
+	}
+	if needOutput && w.OutputTokens == nil {
+		return what + " usage has no output_tokens"
+	}
+	for _, f := range []struct {
+		name string
+		n    *int64
+	}{
+		{"input_tokens", w.InputTokens}, {"output_tokens", w.OutputTokens},
+		{"cache_creation_input_tokens", w.CacheCreationInputTokens}, {"cache_read_input_tokens", w.CacheReadInputTokens},
+	} {
+		if f.n != nil && *f.n < 0 {
+			return fmt.Sprintf("%s usage.%s is negative (%d)", what, f.name, *f.n)
+		}
+	}
+	if cc := w.CacheCreation; cc != nil && (cc.Ephemeral5m < 0 || cc.Ephemeral1h < 0) {
+		return what + " usage.cache_creation has a negative count"
+	}
+	if st := w.ServerToolUse; st != nil && (st.WebSearchRequests != nil && *st.WebSearchRequests < 0 || st.WebFetchRequests != nil && *st.WebFetchRequests < 0) {
+		return what + " usage.server_tool_use has a negative count"
+	}
+	return ""
+}
+
+// unreadable describes err, the failure to decode what's JSON, in JSON's
+// terms (a member of the wrong type, or not JSON at all).
+func unreadable(what string, err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fmt.Sprintf("%s member %s has the wrong JSON type (%s)", what, te.Field, te.Value)
+	}
+	return what + " is not valid JSON"
 }
 
 // BilledOutputTokens is the output to bill: the reported count once the
@@ -115,11 +166,22 @@ func (u *Usage) apply(w *wireUsage) {
 
 // StreamMeter reads usage from a copy of a Messages SSE stream (Anthropic
 // Messages streaming events) without altering it: write every byte of the
-// stream to it, in order, in chunks of any size. Only message_start,
-// message_delta, message_stop and error events are decoded; content deltas
-// are skipped unparsed. Write never fails. Not safe for concurrent use.
+// stream to it, in order, in chunks of any size, then call Ended. Only
+// message_start, message_delta, message_stop and error events are decoded;
+// content deltas are skipped unparsed. message_delta usage is cumulative,
+// so the last message_delta settles the call: one that cannot be read sets
+// Usage.Unreadable (and its figures are not taken), a later readable one
+// clears it. Write never fails. Not safe for concurrent use.
 type StreamMeter struct {
 	usage Usage
+	// final is set while the last message_delta's usage was read: the
+	// figure that settles the call.
+	final bool
+	// deltaOpen is set from a message_delta event line until its data line
+	// was read: a stream that ends meanwhile was cut inside it.
+	deltaOpen bool
+	// startWhy is why message_start's usage could not be read, if so.
+	startWhy string
 	// line holds the current unterminated line when it may matter.
 	line []byte
 	// skipping is true while the rest of the current line is irrelevant.
@@ -190,9 +252,16 @@ func interesting(event string) bool {
 func (m *StreamMeter) handleLine(line []byte) {
 	switch {
 	case len(line) == 0:
+		if m.deltaOpen {
+			// The event ended without data the meter could read (none,
+			// or a line over maxMeterLine).
+			m.deltaOpen, m.final = false, false
+			m.usage.Unreadable = "message_delta event without readable data"
+		}
 		m.event = ""
 	case bytes.HasPrefix(line, []byte("event:")):
 		m.event = string(bytes.TrimSpace(line[len("event:"):]))
+		m.deltaOpen = m.event == "message_delta"
 	case bytes.HasPrefix(line, []byte("data:")):
 		m.handleData(bytes.TrimSpace(line[len("data:"):]))
 	}
@@ -222,20 +291,39 @@ func (m *StreamMeter) handleData(data []byte) {
 			if v.Message.Model != "" {
 				m.usage.Model = v.Message.Model
 			}
-			m.usage.apply(v.Message.Usage)
+			// Usage here is optional (some servers send it only on the
+			// delta), but counts that are there must be counts; a delta
+			// read later does not make up for them.
+			if w := v.Message.Usage; w != nil {
+				if m.startWhy = w.check("message_start", false); m.startWhy != "" {
+					m.usage.Unreadable = m.startWhy
+				} else {
+					m.usage.apply(w)
+				}
+			}
 		}
 	case "message_delta":
+		m.deltaOpen = false
 		var v struct {
 			Delta struct {
 				StopReason *string `json:"stop_reason"`
 			} `json:"delta"`
 			Usage *wireUsage `json:"usage"`
 		}
-		if json.Unmarshal(data, &v) == nil {
-			m.usage.apply(v.Usage)
-			if v.Delta.StopReason != nil {
-				m.usage.StopReason = *v.Delta.StopReason
-			}
+		why := ""
+		if err := json.Unmarshal(data, &v); err != nil {
+			why = unreadable("message_delta", err)
+		} else {
+			why = v.Usage.check("message_delta", true)
+		}
+		if why != "" {
+			m.usage.Unreadable, m.final = why, false
+			return
+		}
+		m.usage.apply(v.Usage)
+		m.usage.Unreadable, m.final = m.startWhy, true
+		if v.Delta.StopReason != nil {
+			m.usage.StopReason = *v.Delta.StopReason
 		}
 	case "message_stop":
 		m.usage.Finished = true
@@ -254,13 +342,32 @@ func (m *StreamMeter) handleData(data []byte) {
 // Usage returns what the stream said so far.
 func (m *StreamMeter) Usage() Usage { return m.usage }
 
+// Ended returns the usage once every byte of the stream was written (it
+// ended, or was cut): Usage, with Unreadable set when the stream was cut
+// inside a message_delta event. final reports whether the usage that
+// settles the call came and was read: a message_delta whose usage was
+// read, with no unreadable one after it. A stream whose final is false
+// and whose Unreadable is empty had no message_delta at all.
+func (m *StreamMeter) Ended() (u Usage, final bool) {
+	u = m.usage
+	if m.deltaOpen {
+		u.Unreadable = "the stream ended inside a message_delta event"
+		return u, false
+	}
+	return u, m.final
+}
+
 // Started reports whether message_start was seen: the input-side usage is
 // known from then on.
 func (m *StreamMeter) Started() bool { return m.usage.Started }
 
 // ParseMessageUsage reads usage from a non-streaming Messages response body
-// (a Message object) or an error envelope.
-func ParseMessageUsage(body []byte) (Usage, bool) {
+// (a Message object) or an error envelope. ok is false when body is not a
+// JSON object of either kind; the Usage's Unreadable then says why. A
+// message whose usage cannot settle the call (missing, no output_tokens, a
+// count of the wrong type or negative) has Unreadable set and Started
+// unset.
+func ParseMessageUsage(body []byte) (u Usage, ok bool) {
 	var v struct {
 		Type       string     `json:"type"`
 		ID         string     `json:"id"`
@@ -271,12 +378,16 @@ func ParseMessageUsage(body []byte) (Usage, bool) {
 			Type string `json:"type"`
 		} `json:"error"`
 	}
-	if json.Unmarshal(body, &v) != nil {
-		return Usage{}, false
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Usage{Unreadable: unreadable("the answer", err)}, false
 	}
-	u := Usage{Model: v.Model, MessageID: v.ID, StopReason: v.StopReason}
+	u = Usage{Model: v.Model, MessageID: v.ID, StopReason: v.StopReason}
 	if v.Type == "error" {
 		u.ErrorType = v.Error.Type
+		return u, true
+	}
+	if why := v.Usage.check("the answer", true); why != "" {
+		u.Unreadable = why
 		return u, true
 	}
 	u.apply(v.Usage)

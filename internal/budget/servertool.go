@@ -12,20 +12,34 @@ import (
 // A server tool (web search, web fetch, code execution, an MCP toolset:
 // anthropic.IsClientTool says which are not) runs at the upstream inside
 // one call: each use may cost a fee, and its result is fed back to the
-// model as input, after which the model is sampled again over the whole
-// prompt. So a call with server tools may bill far more input than its
-// request body holds. The worst case of such a call assumes, for U uses
-// in all whose results add R input tokens in all, that every one of the
-// U+1 samplings reads the prompt and every result so far:
+// model as input, after which the model is sampled again. So a call with
+// server tools may bill more input than its request body holds. What the
+// upstream bills for that (Anthropic's pricing: web search is 10 USD per
+// 1000 searches "plus standard token costs for search-generated content";
+// the results "are counted as input tokens"; its example usage of one
+// search reads back the context of the first sampling as
+// cache_read_input_tokens) bounds a call with U uses in all, whose
+// results add R input tokens in all (each use's at most the table's
+// input_tokens_per_use for its tool, or a web fetch's max_content_tokens):
 //
-//	input tokens ≤ (U+1)·prompt + U·R
+//   - the context of the last sampling, C = prompt + R + max_tokens (the
+//     output so far is part of what later samplings read), is billed once
+//     at the dearest input-side rate (at most a 1-hour cache write);
+//   - each of the U samplings after the first reads back at most C from the
+//     prompt cache, at the cache-read rate: U·C;
+//   - max_tokens of output, and each use's fee;
 //
-// priced at the dearest input-side rate of the tier that prompt+R falls in,
-// plus the fees of U uses. A tool's uses are its max_uses, or
-// DefaultServerToolUses without one (the API's own limit of server-tool
-// iterations per call); a use's result is the table's
-// input_tokens_per_use for the tool (a web fetch's max_content_tokens when
-// the request sets it). A tool type the table does not list is priced as
+// at the tier of C + U·C input tokens (Price.Cost chooses the tier by all
+// input, cache reads included) and the dearest geo. Nothing is multiplied
+// at the full input rate: a call with web search (max_uses 5, 20 000 tokens
+// a use) and a small prompt reserves about 0.91 USD on Sonnet 4.5, where
+// the quadratic bound this replaced ((U+1)·prompt + U·R at the dearest
+// input rate) reserved 3.43 USD, 30 times a typical bill of 0.11 USD.
+//
+// A tool's uses are its max_uses, or DefaultServerToolUses without one
+// (the API's own limit of server-tool iterations per call). A web search's
+// fee is the larger of the table's per_use_usd and the model's web search
+// price (never both). A tool type the table does not list is priced as
 // the dearest listed one (or refused, under the unknown-model deny policy).
 
 // DefaultServerToolUses is how many uses a server tool without max_uses is
@@ -91,12 +105,16 @@ func (j serverToolJSON) entry() (serverToolEntry, error) {
 // tools in the worst case").
 type ToolBound struct {
 	// Uses is the number of server-tool uses at most; WebSearches of them
-	// are web searches (charged at the model's web search price too).
+	// are web searches.
 	Uses, WebSearches int64
-	// ResultTokens is the input all those uses' results add at most.
+	// ResultTokens is the input all those uses' results add at most, in
+	// tokens.
 	ResultTokens int64
 	// Fees are the per-use fees of all uses but web searches', in nano-USD.
 	Fees NanoUSD
+	// WebSearchFee is the table's fee of one web search, in nano-USD; a
+	// web search costs the larger of it and the model's web search price.
+	WebSearchFee NanoUSD
 }
 
 // ServerTool returns the price of one use of a server tool of type typ, and
@@ -139,9 +157,13 @@ func (t *PriceTable) ServerTools(tools []anthropic.ServerTool, mcpServers int) (
 		}
 		resultTokens = min(resultTokens, maxToolTokens)
 		b.Uses = min(b.Uses+uses, maxToolUses)
-		b.ResultTokens = min(b.ResultTokens+uses*resultTokens, maxToolTokens)
+		b.ResultTokens = min(b.ResultTokens+mulTokens(uses, resultTokens), maxToolTokens)
 		if strings.HasPrefix(typ, "web_search") {
+			// Its fee is charged once, by WorstCaseWithTools: the larger
+			// of this and the model's web search price.
 			b.WebSearches = min(b.WebSearches+uses, maxToolUses)
+			b.WebSearchFee = max(b.WebSearchFee, p.PerUse)
+			return
 		}
 		b.Fees = addCost(b.Fees, costOf(uses*1_000_000, p.PerUse))
 	}
@@ -182,20 +204,25 @@ func mulTokens(a, b int64) int64 {
 }
 
 // WorstCaseWithTools is WorstCase for a call whose server tools may add tb
-// (see "Server tools in the worst case"): every one of the tb.Uses+1
-// samplings reads the prompt and all results, at the dearest input-side rate
-// of the tier promptTokens+tb.ResultTokens falls in, plus maxTokens of
-// output and the tools' fees, at the dearest geo.
+// (see "Server tools in the worst case"), in nano-USD: the context of the
+// last sampling, C = promptTokens + tb.ResultTokens + maxTokens, at the
+// dearest input-side rate, C read back from the cache by each of the
+// tb.Uses samplings after the first, maxTokens of output and the tools'
+// fees, at the tier of C + tb.Uses·C input tokens and the dearest geo.
+// Without server tools (tb.Uses 0) it is WorstCase. It saturates at
+// MaxCost.
 func (p Price) WorstCaseWithTools(promptTokens, maxTokens int64, tb ToolBound) NanoUSD {
 	if tb.Uses <= 0 {
 		return p.WorstCase(promptTokens, maxTokens)
 	}
-	r := p.rates(promptTokens + tb.ResultTokens)
+	const limit = 1 << 62
+	last := min(max(promptTokens, 0)+max(tb.ResultTokens, 0)+max(maxTokens, 0), limit) // the last sampling's context
+	reads := mulTokens(tb.Uses, last)
+	r := p.rates(min(last+reads, limit))
 	in := max(r.Input, r.CacheWrite5m, r.CacheWrite1h, r.CacheRead)
-	input := mulTokens(tb.Uses+1, promptTokens)
-	input = min(input+mulTokens(tb.Uses, tb.ResultTokens), 1<<62)
-	search := max(p.WebSearch, 0)
-	cost := addCost(costOf(input, in), costOf(maxTokens, r.Output), costOf(tb.WebSearches*1_000_000, search), tb.Fees)
+	search := max(p.WebSearch, tb.WebSearchFee, 0)
+	cost := addCost(costOf(last, in), costOf(reads, r.CacheRead), costOf(maxTokens, r.Output),
+		costOf(tb.WebSearches*1_000_000, search), tb.Fees)
 	return scale(cost, p.dearestGeo())
 }
 

@@ -21,13 +21,19 @@
 //     upstream that compresses anyway is passed through unchanged (the
 //     client decodes it); gzip and deflate are decoded on the tee for
 //     metering, any other coding is charged at the reservation.
-//   - A stream that ends early (an error event after 200, an upstream cut,
-//     a client that went away) is debited for what is known: the input-side
-//     usage of message_start, and the larger of the reported output and an
-//     estimate of the output delivered. A client that goes away after
-//     message_start cancels the upstream call at once instead of draining
-//     it: the user stopped the turn, and draining would pay for output
-//     nobody reads.
+//   - A stream that ends early (an error event after 200, an upstream cut
+//     between events, a client that went away) is debited for what is
+//     known: the input-side usage of message_start, and the larger of the
+//     reported output and an estimate of the output delivered. A client
+//     that goes away after message_start cancels the upstream call at once
+//     instead of draining it: the user stopped the turn, and draining
+//     would pay for output nobody reads.
+//   - Usage that cannot be read books the reservation (outcome unmetered,
+//     with a warning naming the call and why), never the figures read
+//     before it: a final message_delta (or JSON answer) that is not JSON,
+//     lacks usage or output_tokens, or holds a count of the wrong type or
+//     below zero; a stream cut inside its message_delta; a stream that
+//     ended (message_stop, or a clean end of the body) without one.
 //   - Booking what may be billed (clientgone.go): the upstream call runs on
 //     a context of its own, not the client's. A client that leaves before
 //     the usage is known (a non-streaming call, or a stream before
@@ -610,8 +616,12 @@ func (h *Handler) settle(c *call, u anthropic.Usage, cost budget.NanoUSD, outcom
 	h.background(func() { h.book(c, u, cost, outcome, requestID) })
 }
 
+// atReservation, as book's cost, books the call at its whole reservation.
+const atReservation budget.NanoUSD = -1
+
 // book waits for the call's reservation and replaces it with cost (the
-// postCallDebit), retrying a failed debit twice.
+// postCallDebit; atReservation: the reservation's amount), retrying a
+// failed debit twice.
 func (h *Handler) book(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome, requestID string) {
 	c.release()
 	if requestID == "" {
@@ -620,6 +630,9 @@ func (h *Handler) book(c *call, u anthropic.Usage, cost budget.NanoUSD, outcome,
 	res, err := c.ticket.Result()
 	if err != nil {
 		return // refused or failed: nothing was reserved
+	}
+	if cost == atReservation {
+		cost = res.Amount
 	}
 	d := budget.Debit{ConversationID: c.claims.Conversation, RequestID: requestID, Outcome: outcome, Usage: u}
 	for attempt := range 3 {
@@ -849,27 +862,38 @@ func (m *meteredBody) settle(eof, clientGone bool) {
 		decodeErr = m.decoder.finish()
 	}
 	var u anthropic.Usage
+	// final: the usage that settles the call came and was read (a JSON
+	// answer's is its only one).
+	final := true
 	if m.stream != nil {
-		u = m.stream.Usage()
-	} else if pu, ok := anthropic.ParseMessageUsage(m.buf.Bytes()); ok && !m.buf.overflow {
-		u = pu
+		u, final = m.stream.Ended()
+	} else if m.buf.overflow {
+		u.Unreadable = fmt.Sprintf("the answer is over %d bytes, more than the meter keeps", maxJSONMeter)
+	} else if m.received > 0 {
+		u, _ = anthropic.ParseMessageUsage(m.buf.Bytes())
 	}
 	if u.Model == "" {
 		u.Model = c.model
 	}
-	complete := u.Finished
+	complete := u.Finished && final
 	outcome := "complete"
 	switch {
 	case m.status != http.StatusOK:
 		// Anthropic does not bill calls that fail with an error status.
 		h.book(c, u, 0, "http_error", m.requestID)
 		return
-	case m.undecodable != "" || (!u.Started && u.ErrorType == "" && m.received > 0):
+	case m.undecodable != "" || (!u.Started && u.ErrorType == "" && u.Unreadable == "" && m.received > 0):
 		// Bytes came back that the tee could not read: charge the
 		// reservation, never nothing.
 		h.log.Warn("answer not metered: charging the reservation", "request_id", c.requestID, "content_encoding", m.undecodable,
 			"decode_err", decodeErr, "received_bytes", m.received)
-		h.book(c, u, c.res.Amount, "unmetered", m.requestID)
+		h.book(c, u, atReservation, "unmetered", m.requestID)
+		return
+	case u.Unreadable != "":
+		// The usage that settles the call came but cannot be read: the
+		// figures read before it (message_start's one output token)
+		// are not what the call cost.
+		m.unreadable(u, u.Unreadable)
 		return
 	case !u.Started && u.ErrorType != "":
 		h.book(c, u, 0, "stream_error", m.requestID)
@@ -882,9 +906,15 @@ func (m *meteredBody) settle(eof, clientGone bool) {
 		return
 	case u.ErrorType != "":
 		outcome = "stream_error"
-	case complete && !m.drained && !clientGone:
 	case clientGone || m.drained:
 		outcome = "client_disconnect"
+	case complete:
+	case !final && u.Finished:
+		m.unreadable(u, "message_stop without a message_delta usage")
+		return
+	case !final && eof && m.readErr == nil:
+		m.unreadable(u, "the stream ended without message_delta or message_stop")
+		return
 	case m.readErr != nil || !eof:
 		outcome = "upstream_cut"
 	default:
@@ -894,6 +924,16 @@ func (m *meteredBody) settle(eof, clientGone bool) {
 	billed.OutputTokens = u.BilledOutputTokens(complete)
 	price, _ := h.cfg.Prices.PriceFor(u.Model, c.start)
 	h.book(c, billed, price.Cost(billed), outcome, m.requestID)
+}
+
+// unreadable books a call whose settling usage could not be read (why) at
+// its reservation, outcome unmetered, with a warning naming the call.
+func (m *meteredBody) unreadable(u anthropic.Usage, why string) {
+	h, c := m.h, m.c
+	h.log.Warn("usage unreadable: charging the reservation", "tenant", c.claims.Tenant, "env", c.claims.Env,
+		"conversation", c.claims.Conversation, "user", c.claims.User, "request_id", c.requestID,
+		"upstream_request_id", m.requestID, "model", u.Model, "reason", why, "received_bytes", m.received)
+	h.book(c, u, atReservation, "unmetered", m.requestID)
 }
 
 // limitedBuffer keeps the first maxJSONMeter bytes written to it.
