@@ -8,9 +8,11 @@ import (
 	"github.com/talkide/talkide/internal/httpapi"
 )
 
-// The control plane's open files. Each browser stream holds two sockets
-// (the browser's and the worker's), each gateway call two (the worker's and
-// the upstream's), and the database needs files of its own (SQLite opens
+// The control plane's open files. Each browser stream holds its browser's
+// socket and each conversation being watched one to its worker (shared by
+// all its streams: fanout.go), so at worst (one stream per conversation)
+// a stream holds two; each gateway call holds two (the worker's and the
+// upstream's), and the database needs files of its own (SQLite opens
 // its database and log per connection; the durability sync opens the log
 // again). At the open-files limit nothing fails cleanly: accept stalls, so
 // requests, /healthz and model calls wait unanswered, and the database

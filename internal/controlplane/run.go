@@ -30,6 +30,9 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
 		budget:    spend.budget,
 	}
+	base, stopFeeds := context.WithCancel(context.Background())
+	s.stopFeeds = stopFeeds
+	s.feeds = newFeeds(base, cfg.Logger, s.deletedMeanwhile)
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
 	s.mux.Handle("GET /api/me", h(s.me))

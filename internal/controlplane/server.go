@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -48,6 +47,10 @@ type Server struct {
 	// counts those open.
 	maxStreams int64
 	streams    atomic.Int64
+	// feeds share one worker subscription per conversation among the
+	// browser streams (fanout.go); stopFeeds ends them all (BeginShutdown).
+	feeds     *feeds
+	stopFeeds context.CancelFunc
 	// budget answers the user's own spend (GET /api/me).
 	budget *budget.Service
 	// prov is the K8sWorkerProvisioner when provisioning is on.
@@ -63,6 +66,7 @@ func (s *Server) BeginShutdown() {
 	s.drainOnce.Do(func() {
 		s.log.Info("control plane shutting down: unready, browser streams ended, calls in flight finishing")
 		close(s.draining)
+		s.stopFeeds()
 	})
 }
 
@@ -397,10 +401,15 @@ func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// stream relays the worker's event stream to the browser. It resumes after
-// Last-Event-ID and, when the worker stream breaks (a worker restart), it
-// reconnects from the last relayed id while the browser stays connected, so
-// the browser sees every event once, in order.
+// stream relays the worker's event stream to the browser, through the
+// conversation's feed in this process (fanout.go): every browser stream of
+// a conversation shares one worker subscription. It resumes after
+// Last-Event-ID; a stream that joins behind what the feed keeps reads the
+// worker on its own until it has caught up, then joins it. When the worker
+// stream breaks (a worker restart) the feed reconnects from the last
+// relayed id while the browsers stay connected, so each sees every event
+// once, in order. A stream that falls a whole queue behind is ended with a
+// comment and resumes with Last-Event-ID, holding up no other.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
@@ -425,87 +434,58 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		return httpapi.BadRequest("%v", err)
 	}
 	ctx := r.Context()
-	// Open the first worker stream before answering, so a refusal becomes a
-	// proper HTTP error.
-	es, err := wc.Events(ctx, c.ID, after)
-	var we *workerclient.Error
-	switch {
-	case errors.As(err, &we) && we.Status == http.StatusNotFound:
-		es, err = nil, nil // no session yet: wait for it below
-	case err != nil && localExhaustion(err):
-		// Out of open files here: a 200 would look healthy with nothing
-		// behind it.
-		return errWorkerLocal(err)
-	case err != nil && !errors.Is(err, workerclient.ErrUnavailable):
-		return workerError(err)
+	key := c.Tenant + "/" + c.Env + "/" + c.ID
+	// Without a feed that has relayed the resume point, open the worker
+	// stream before answering, so a refusal (a resume point beyond the
+	// newest event, a worker at its limit) becomes a proper HTTP error; a
+	// feed opened for this stream takes it over.
+	var es *workerclient.EventStream
+	if !s.feeds.known(key, after) {
+		es, err = wc.Events(s.feeds.base, c.ID, after)
+		var we *workerclient.Error
+		switch {
+		case errors.As(err, &we) && we.Status == http.StatusNotFound:
+			es, err = nil, nil // no session yet: the feed waits for it
+		case err != nil && localExhaustion(err):
+			// Out of open files here: a 200 would look healthy with
+			// nothing behind it.
+			return errWorkerLocal(err)
+		case err != nil && !errors.Is(err, workerclient.ErrUnavailable):
+			return workerError(err)
+		}
 	}
 	sw := sse.NewWriter(w)
 	w.WriteHeader(http.StatusOK)
 	if err := sw.WriteComment("talkide conversation " + c.ID); err != nil {
+		if es != nil {
+			es.Close()
+		}
 		return nil
 	}
-	events := make(chan contract.Event)
-	go func() {
-		defer close(events)
-		delay := 200 * time.Millisecond
-		for ctx.Err() == nil {
-			if es == nil {
-				es, err = wc.Events(ctx, c.ID, after)
-				if err != nil && localExhaustion(err) {
-					// End the browser's stream rather than keep it open
-					// with nothing behind it: it reconnects, and is
-					// answered 503 while this process is out of files.
-					s.log.WarnContext(ctx, "cannot reconnect to the worker: out of open files; ending the browser stream", "conversation", c.ID, "err", err)
-					return
-				}
-				if err != nil {
-					if s.deletedMeanwhile(ctx, c.ID, err) {
-						return // the conversation was deleted: end the browser's stream
-					}
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(delay):
-					}
-					delay = min(delay*2, 3*time.Second)
-					continue
-				}
-			}
-			delay = 200 * time.Millisecond
-			for {
-				ev, err := es.Next()
-				if err != nil {
-					if ctx.Err() == nil && !errors.Is(err, io.EOF) {
-						s.log.InfoContext(ctx, "worker event stream broke; reconnecting", "conversation", c.ID, "after", after, "err", err)
-					}
-					break
-				}
-				if ev.ID <= after {
-					continue // never relay an event twice
-				}
-				select {
-				case events <- ev:
-					after = ev.ID
-				case <-ctx.Done():
-					es.Close()
-					return
-				}
-			}
-			es.Close()
-			es = nil
+	v, f := s.feeds.join(key, c.ID, wc, after, es)
+	if v == nil {
+		if v, f = s.catchUp(ctx, sw, key, c.ID, wc, after); v == nil {
+			return nil
 		}
-	}()
+	}
+	defer f.leave(v)
 	tick := time.NewTicker(s.heartbeat)
 	defer tick.Stop()
+	var batch []*frame
 	for {
 		select {
-		case ev, ok := <-events:
-			if !ok {
-				return nil
+		case <-v.wake:
+			for batch = f.next(v, batch); len(batch) > 0; batch = f.next(v, batch) {
+				for _, fr := range batch {
+					if err := sw.WriteFrame(fr.bytes); err != nil {
+						return nil // browser gone
+					}
+				}
+				clear(batch) // hold no frame the ring has dropped
 			}
-			if err := sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev); err != nil {
-				return nil // browser gone; ctx cancellation stops the reader
-			}
+		case <-v.gone:
+			_ = sw.WriteComment(v.why)
+			return nil
 		case <-tick.C:
 			if err := sw.WriteComment("heartbeat"); err != nil {
 				return nil
@@ -519,6 +499,61 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
+}
+
+// catchUp relays the worker's events after the id after to sw on a
+// stream of its own, until the conversation's feed keeps them (or is at
+// them) and the browser stream can join it; it returns the viewer and its
+// feed, or nil when the stream is over (the browser gone, the conversation
+// deleted, the feed ended, this process out of open files, shutdown).
+func (s *Server) catchUp(ctx context.Context, sw *sse.Writer, key, conv string, wc *workerclient.Client, after int64) (*viewer, *feed) {
+	var es *workerclient.EventStream
+	defer func() {
+		if es != nil {
+			es.Close()
+		}
+	}()
+	delay := 200 * time.Millisecond
+	for ctx.Err() == nil && !s.shuttingDown() {
+		if es == nil {
+			var err error
+			es, err = wc.Events(ctx, conv, after)
+			if err != nil {
+				if localExhaustion(err) || s.deletedMeanwhile(ctx, conv, err) {
+					return nil, nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil, nil
+				case <-time.After(delay):
+				}
+				delay = min(delay*2, 3*time.Second)
+				continue
+			}
+			delay = 200 * time.Millisecond
+		}
+		ev, err := es.Next()
+		if err != nil {
+			es.Close()
+			es = nil
+			continue
+		}
+		if ev.ID <= after {
+			continue
+		}
+		if err := sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev); err != nil {
+			return nil, nil
+		}
+		after = ev.ID
+		v, f := s.feeds.join(key, conv, wc, after, nil)
+		if v != nil {
+			return v, f
+		}
+		if f.isEnded() {
+			return nil, nil
+		}
+	}
+	return nil, nil
 }
 
 // readyz is readiness as Kubernetes uses it: can this replica serve? Its

@@ -50,11 +50,13 @@ func NewWriter(w http.ResponseWriter) *Writer {
 // break (which would inject fields).
 var ErrInvalidField = errors.New("sse: field holds a line break")
 
-// WriteEvent writes e and flushes it. Data may hold newlines; each line
-// becomes a "data:" line.
-func (s *Writer) WriteEvent(e Event) error {
+// Frame returns e framed as it goes on the wire (its fields, its data
+// lines, the blank line that ends it): built once, it can be written to
+// any number of streams with WriteFrame. Data may hold newlines; each line
+// becomes a "data:" line. The error is ErrInvalidField.
+func Frame(e Event) ([]byte, error) {
 	if strings.ContainsAny(e.ID, "\r\n\x00") || strings.ContainsAny(e.Type, "\r\n") {
-		return ErrInvalidField
+		return nil, ErrInvalidField
 	}
 	var b bytes.Buffer
 	b.Grow(len(e.Data) + 64)
@@ -83,7 +85,30 @@ func (s *Writer) WriteEvent(e Event) error {
 		b.WriteString("data:\n")
 	}
 	b.WriteByte('\n')
-	if _, err := s.w.Write(b.Bytes()); err != nil {
+	return b.Bytes(), nil
+}
+
+// JSONFrame is Frame of an event whose data is v marshalled as JSON.
+func JSONFrame(id, typ string, v any) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("sse: marshal %s event: %w", typ, err)
+	}
+	return Frame(Event{ID: id, Type: typ, Data: data})
+}
+
+// WriteEvent writes e and flushes it (see Frame).
+func (s *Writer) WriteEvent(e Event) error {
+	b, err := Frame(e)
+	if err != nil {
+		return err
+	}
+	return s.WriteFrame(b)
+}
+
+// WriteFrame writes a frame made by Frame or JSONFrame and flushes it.
+func (s *Writer) WriteFrame(frame []byte) error {
+	if _, err := s.w.Write(frame); err != nil {
 		return err
 	}
 	return s.Flush()
@@ -91,11 +116,11 @@ func (s *Writer) WriteEvent(e Event) error {
 
 // WriteJSON writes an event whose data is v marshalled as JSON.
 func (s *Writer) WriteJSON(id, typ string, v any) error {
-	data, err := json.Marshal(v)
+	b, err := JSONFrame(id, typ, v)
 	if err != nil {
-		return fmt.Errorf("sse: marshal %s event: %w", typ, err)
+		return err
 	}
-	return s.WriteEvent(Event{ID: id, Type: typ, Data: data})
+	return s.WriteFrame(b)
 }
 
 // WriteComment writes a comment line (": text"), used as a heartbeat that
