@@ -418,3 +418,27 @@ func TestWorkerWithADeadIdentityIsNotRestarted(t *testing.T) {
 		t.Fatalf("started %d times (misconfigured %v), want once", n, p.misconfigured.Load())
 	}
 }
+
+// A serving process ended from outside comes back at once however often
+// it happens (the issue 28 chaos run waited 8–11 s after repeated worker
+// kills); only a process that keeps ending at its start backs off.
+func TestRestartDelay(t *testing.T) {
+	var d time.Duration
+	for i := range 6 {
+		d = restartDelay(5*time.Second, d) // killed after serving 5 s
+		if d != restartMin {
+			t.Fatalf("kill %d of a serving process: wait %v, want %v", i+1, d, restartMin)
+		}
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, restartMax, restartMax}
+	d = 0
+	for i, w := range want {
+		d = restartDelay(100*time.Millisecond, d) // ends at its start
+		if d != w {
+			t.Fatalf("crash %d at start: wait %v, want %v", i+1, d, w)
+		}
+	}
+	if d = restartDelay(healthyAfter, d); d != restartMin {
+		t.Fatalf("a run of %v after crashes: wait %v, want %v", healthyAfter, d, restartMin)
+	}
+}

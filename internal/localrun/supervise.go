@@ -67,8 +67,34 @@ func supervise(ctx context.Context, procs []*proc) {
 	}
 }
 
+// Restart delays (restartDelay).
+const (
+	// restartMin is the wait before restarting a process that had run
+	// for at least healthyAfter: it was serving, and was ended from
+	// outside (killed, out of memory), so it comes back at once however
+	// often that happens.
+	restartMin = 200 * time.Millisecond
+	// restartMax caps the wait for a process that keeps ending within
+	// healthyAfter of its start (a crash at start), doubling each time.
+	restartMax   = 10 * time.Second
+	healthyAfter = 3 * time.Second
+)
+
+// restartDelay is how long to wait before starting a process again that
+// ended after running for ran, when the wait before its last start was
+// prev (0 for the first end): restartMin after a run of healthyAfter or
+// more, else prev doubled (from a second), capped at restartMax. Only
+// crashes at start back off: repeated kills of a serving worker (a chaos
+// run, a node under memory pressure) each restart it within moments.
+func restartDelay(ran, prev time.Duration) time.Duration {
+	if ran >= healthyAfter {
+		return restartMin
+	}
+	return min(max(2*prev, time.Second), restartMax)
+}
+
 func (p *proc) loop(ctx context.Context) {
-	backoff := time.Second
+	var backoff time.Duration
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := p.runOnce(ctx)
@@ -87,16 +113,13 @@ func (p *proc) loop(ctx context.Context) {
 			p.log.Error("the worker's identity token was revoked or expired; not restarting it (restart talkide run for a new one)", "log", p.logPath)
 			return
 		}
-		if time.Since(started) > 30*time.Second {
-			backoff = time.Second
-		}
+		backoff = restartDelay(time.Since(started), backoff)
 		p.log.Warn("process exited; restarting", "err", err, "in", backoff.String(), "log", p.logPath)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 
