@@ -125,12 +125,31 @@ func (d *Dispatcher) init() {
 // neither created nor read, or that an earlier Job of the build was still
 // being deleted after DeletionWait.
 func (d *Dispatcher) Run(ctx context.Context, job *batchv1.Job, progress func(Progress)) (Outcome, error) {
-	return d.run(ctx, nil, job, progress)
+	out, done, err := d.run(ctx, nil, job, progress)
+	done()
+	return out, err
 }
 
 // run is Run that returns PhaseDetached, leaving the Job as it is, once
-// detach is closed (nil: never).
-func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batchv1.Job, progress func(Progress)) (Outcome, error) {
+// detach is closed (nil: never). It returns holding its conversation's
+// turn: the caller calls done once it has read what the build left in the
+// working tree (its reports), so that the conversation's next build, which
+// starts by removing them, cannot run before.
+func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batchv1.Job, progress func(Progress)) (_ Outcome, done func(), _ error) {
+	var release []func()
+	done = func() {
+		for _, f := range release {
+			f()
+		}
+		release = nil
+	}
+	out, err := d.runHolding(ctx, detach, job, progress, &release)
+	return out, done, err
+}
+
+// runHolding is run; what must be released after the caller read the
+// results is appended to release.
+func (d *Dispatcher) runHolding(ctx context.Context, detach <-chan struct{}, job *batchv1.Job, progress func(Progress), release *[]func()) (Outcome, error) {
 	d.init()
 	if progress == nil {
 		progress = func(Progress) {}
@@ -163,7 +182,9 @@ func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batch
 	jobs := d.Kube.BatchV1().Jobs(d.Namespace)
 	// A build whose Job runs already is followed at once: it is the one
 	// its conversation's other builds wait for.
-	if own, err := jobs.Get(waitCtx, job.Name, metav1.GetOptions{}); err != nil || own.DeletionTimestamp != nil {
+	own, err := jobs.Get(waitCtx, job.Name, metav1.GetOptions{})
+	running := err == nil && own.DeletionTimestamp == nil
+	if !running {
 		conv := job.Labels[LabelConversation]
 		if err := d.conversationTurn(waitCtx, conv, job.Name, progress); err != nil {
 			if waitCtx.Err() != nil {
@@ -171,9 +192,14 @@ func (d *Dispatcher) run(ctx context.Context, detach <-chan struct{}, job *batch
 			}
 			return out, err
 		}
-		defer d.conversationDone(conv)
+		*release = append(*release, func() { d.conversationDone(conv) })
 	}
 	if err := d.slots.acquire(waitCtx, progress); err != nil {
+		if running && ctx.Err() != nil {
+			// Its Job runs already (a restart, a repeated request): a
+			// cancel ends it, as it would once followed.
+			return d.cancel(job.Name, own.UID, out, "cancelled")
+		}
 		return stopped()
 	}
 	defer d.slots.release()

@@ -527,3 +527,104 @@ func TestBuildsOfOneConversationNeverOverlap(t *testing.T) {
 		t.Fatal("the other conversation's build did not end")
 	}
 }
+
+// The conversation's next build Job is made only once the previous build
+// has read what it left in the working tree: the next one starts by
+// removing the reports (review of issue 27's serialization: the turn was
+// given back when the Job finished, before its log drained and its
+// results were read).
+func TestNextBuildWaitsForTheResultsToBeRead(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	r := &buildjob.KubeRunner{Dispatcher: &buildjob.Dispatcher{Kube: worker, Namespace: ns, MaxConcurrent: 4},
+		Gradle: &buildjob.GradleJobBuilder{Base: buildjob.Base{Image: image}}, WorkspaceRoot: t.TempDir(), Offline: true}
+	var mu sync.Mutex
+	var aReturned, bStarted time.Time
+	var wg sync.WaitGroup
+	for _, id := range []string{"toolu_a", "toolu_b"} {
+		req := request(tenant, "dev")
+		req.ID = id
+		wg.Go(func() {
+			if id == "toolu_b" {
+				time.Sleep(300 * time.Millisecond) // a is first
+			}
+			_, err := r.Run(context.Background(), req, buildjob.Spec{Tasks: []string{"test"}}, buildjob.Hooks{
+				Progress: func(p buildjob.Progress) {
+					if p.Started && id == "toolu_b" {
+						mu.Lock()
+						bStarted = time.Now()
+						mu.Unlock()
+					}
+				}})
+			if err != nil {
+				t.Error(err)
+			}
+			if id == "toolu_a" {
+				mu.Lock()
+				aReturned = time.Now()
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if bStarted.IsZero() || aReturned.IsZero() || bStarted.Before(aReturned) {
+		t.Fatalf("the second build's Job was made at %v, the first build returned (its results read) at %v: the second must wait",
+			bStarted.Format(time.StampMilli), aReturned.Format(time.StampMilli))
+	}
+}
+
+// A build whose Job runs already (a worker restart, a repeated request)
+// and is cancelled while it waits for a slot ends its Job (review of
+// issue 27: it was told Cancelled and its Job ran on to its deadline).
+func TestCancelWhileQueuedEndsARunningJob(t *testing.T) {
+	worker, tenant, ns := workerNamespace(t)
+	ctx := context.Background()
+	d := &buildjob.Dispatcher{Kube: worker, Namespace: ns, MaxConcurrent: 1}
+	// The one slot, taken by a held build of another conversation.
+	busyCtx, stopBusy := context.WithCancel(ctx)
+	defer stopBusy()
+	busy := make(chan struct{})
+	go func() {
+		d.Run(busyCtx, convJob(t, tenant, "c_busy", "toolu_busy", map[string]string{kubetest.HoldLabel: "1"}), func(p buildjob.Progress) {
+			if p.Started {
+				close(busy)
+			}
+		})
+	}()
+	<-busy
+	running := convJob(t, tenant, "c_again", "toolu_again", map[string]string{kubetest.HoldLabel: "1"})
+	if _, err := worker.BatchV1().Jobs(ns).Create(ctx, running, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	queued := make(chan struct{})
+	done := make(chan buildjob.Outcome, 1)
+	go func() {
+		var once sync.Once
+		out, _ := d.Run(cctx, running.DeepCopy(), func(p buildjob.Progress) {
+			if p.Queued > 0 {
+				once.Do(func() { close(queued) })
+			}
+		})
+		done <- out
+	}()
+	select {
+	case <-queued:
+	case <-time.After(time.Minute):
+		t.Fatal("the build never queued for the slot")
+	}
+	cancel()
+	if out := <-done; out.Phase != buildjob.PhaseCancelled {
+		t.Fatalf("outcome %+v, want cancelled", out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := worker.BatchV1().Jobs(ns).Get(ctx, running.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled build's running Job is still there: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

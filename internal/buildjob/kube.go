@@ -63,7 +63,10 @@ func (k *KubeRunner) Run(ctx context.Context, req Request, spec Spec, hooks Hook
 			}()
 		}
 	}
-	out, err := d.run(ctx, hooks.Detach, job, progress)
+	out, done, err := d.run(ctx, hooks.Detach, job, progress)
+	// The conversation's next build starts by removing the reports: it
+	// waits until this one's are read.
+	defer done()
 	rep.Outcome = out
 	if following {
 		if out.Phase == PhaseCancelled || out.Phase == PhaseDetached {

@@ -10,8 +10,9 @@ import (
 // subjects, role reference) compared as JSON trees, where a map of
 // desired must be contained in live's, a list must have as many elements
 // each satisfied in order, and a value desired leaves unset (omitted or
-// null) is not compared. So the API server's defaults and fields others
-// added do not count as a difference, and a changed or removed value does.
+// null) is not compared, but a field apply replaces whole (atomic) must be
+// equal. So the API server's defaults and fields others added do not count
+// as a difference, and a changed or removed value does.
 // Any conversion error counts as a difference (the object is applied).
 func satisfies(desired, live runtime.Object) bool {
 	d, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
@@ -31,6 +32,12 @@ func satisfies(desired, live runtime.Object) bool {
 	return contains(d, l)
 }
 
+// atomic are the fields that server-side apply replaces whole (label
+// selectors, Service and node selectors): a key someone added to one is a
+// difference (it can make a NetworkPolicy select no pod at all), and
+// applying the object removes it.
+var atomic = map[string]bool{"selector": true, "matchLabels": true, "podSelector": true, "namespaceSelector": true, "nodeSelector": true}
+
 // contains reports whether live has every value of desired (see
 // satisfies).
 func contains(desired, live any) bool {
@@ -43,6 +50,12 @@ func contains(desired, live any) bool {
 			return len(d) == 0 && live == nil
 		}
 		for k, v := range d {
+			if atomic[k] && v != nil {
+				if !equality.Semantic.DeepEqual(v, l[k]) {
+					return false
+				}
+				continue
+			}
 			if !contains(v, l[k]) {
 				return false
 			}

@@ -46,4 +46,30 @@ func TestSatisfies(t *testing.T) {
 			t.Errorf("%s: counts as the same", name)
 		}
 	}
+
+	// A key added to a selector, which apply replaces whole: the jobs'
+	// NetworkPolicy would select no pod (and so confine none).
+	np := jobsNetworkPolicyObject(c, "t", "e")
+	live := np.DeepCopy()
+	if !satisfies(np, live) {
+		t.Fatal("an unchanged NetworkPolicy counts as different")
+	}
+	live.Spec.PodSelector.MatchLabels = map[string]string{"x": "y"}
+	if satisfies(np, live) {
+		t.Error("a NetworkPolicy whose pod selector gained a key counts as the same")
+	}
+	svc := serviceObject(c, "t", "e")
+	liveSvc := svc.DeepCopy()
+	liveSvc.Spec.Selector["x"] = "y"
+	if satisfies(svc, liveSvc) {
+		t.Error("a Service whose selector gained a key counts as the same")
+	}
+	liveDep := same.DeepCopy()
+	liveDep.Spec.Template.Spec.NodeSelector = map[string]string{"x": "y"}
+	if want.Spec.Template.Spec.NodeSelector == nil {
+		// No node selector configured: one added by others is theirs.
+		if !satisfies(want, liveDep) {
+			t.Error("a node selector added where none is configured counts as different")
+		}
+	}
 }
