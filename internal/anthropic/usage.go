@@ -38,7 +38,8 @@ type Usage struct {
 	// before its final message_delta; see BilledOutputTokens.
 	DeltaOutputEstimate int64
 	// Started is true once message_start (or a JSON message) was seen;
-	// Finished once message_delta with a stop reason or message_stop was seen.
+	// Finished once message_stop was seen (a whole JSON answer with
+	// usage: at once).
 	Started, Finished bool
 	StopReason        string
 	// ErrorType is the error.type of an "error" event or error body, if any.

@@ -172,8 +172,9 @@ func (p *K8sWorkerProvisioner) Run(ctx context.Context) error {
 	}
 	q := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
-			// Per tenant-env: 250 ms after a failure, doubling to two
-			// minutes; overall at most 20 reconciles a second.
+			// Retries (AddRateLimited) only: per tenant-env 250 ms after
+			// a failure, doubling to two minutes, and at most 20 a second
+			// together. Changes and due times are queued at once.
 			workqueue.NewTypedItemExponentialFailureRateLimiter[key](250*time.Millisecond, 2*time.Minute),
 			&workqueue.TypedBucketRateLimiter[key]{Limiter: rate.NewLimiter(20, 100)},
 		),
