@@ -54,14 +54,7 @@ func TestReadLineTellsAFragment(t *testing.T) {
 func TestLogCursorSkipsTheResumedSecondsEarlierLines(t *testing.T) {
 	c := &logCursor{seen: map[string]int{}}
 	var got []string
-	stream := func(lines ...string) {
-		c.restart()
-		for _, l := range lines {
-			if text, ok := c.line(l); ok {
-				got = append(got, text)
-			}
-		}
-	}
+	stream := cursorStream(c, &got)
 	const t1, t2, t3 = "2026-12-02T07:00:01.1Z", "2026-12-02T07:00:01.2Z", "2026-12-02T07:00:01.3Z"
 	stream(t1+" a", t2+" b")          // cut after b
 	stream(t1+" a", t2+" b", t3+" c") // from 07:00:01

@@ -13,14 +13,7 @@ import (
 func TestLogCursorResumesWithoutRepeatsOrLoss(t *testing.T) {
 	c := &logCursor{seen: map[string]int{}}
 	var got []string
-	stream := func(lines ...string) {
-		c.restart()
-		for _, l := range lines {
-			if text, ok := c.line(l); ok {
-				got = append(got, text)
-			}
-		}
-	}
+	stream := cursorStream(c, &got)
 	const t1, t2, t3 = "2026-12-02T07:00:01.000000001Z", "2026-12-02T07:00:02.000000001Z", "2026-12-02T07:00:03Z"
 	stream(t1+" a", t2+" b", t2+" b")                         // dropped after two "b" at the same instant
 	stream(t2+" b", t2+" b", t2+" b", t3+" c d", "untimed x") // resumed from t2: a third "b" is new
@@ -45,5 +38,19 @@ func TestLogCursorForgetsPassedInstants(t *testing.T) {
 	}
 	if n := len(c.seen) + len(c.counted) + len(c.replay); n > 2 {
 		t.Errorf("the cursor holds %d lines after 100,000 distinct ones", n)
+	}
+}
+
+// cursorStream returns a func that passes one stream of raw log lines
+// through c (a stream resumed: c.restart first), appending to got the
+// texts it lets through.
+func cursorStream(c *logCursor, got *[]string) func(lines ...string) {
+	return func(lines ...string) {
+		c.restart()
+		for _, l := range lines {
+			if text, ok := c.line(l); ok {
+				*got = append(*got, text)
+			}
+		}
 	}
 }

@@ -274,57 +274,84 @@ func (f *feed) publish(ev contract.Event) {
 	}
 }
 
-// run reads the worker's stream after the id after until ctx ends,
-// reconnecting after the last event relayed when it breaks. It ends the
-// feed when the conversation is deleted or this process is out of open
-// files (viewers reconnect and get the refusal).
-func (f *feed) run(ctx context.Context, after int64, es *workerclient.EventStream) {
+// Why followWorker stopped before ctx ended.
+var (
+	errOutOfFiles = errors.New("this control plane is out of open files")
+	errDeleted    = errors.New("the conversation was deleted")
+)
+
+// followWorker reads conv's events from its worker after the id after
+// and hands each new one to emit, in order and once, until ctx ends or
+// emit returns false (then it returns nil). When the stream breaks or
+// cannot be opened it reconnects after the last event handed on, waiting
+// 200 ms doubling to 3 s between failed opens. It stops with errOutOfFiles
+// when this process cannot open a connection, errDeleted when the
+// conversation is gone. es, when not nil, is a stream already opened
+// after the same id (under another context: it is closed when ctx ends).
+func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client, conv string, after int64, es *workerclient.EventStream,
+	deleted func(context.Context, string, error) bool, emit func(contract.Event) bool) error {
 	if es != nil {
-		// Opened by the first viewer's request, not under ctx: closed
-		// with the feed all the same.
 		first := es
 		defer context.AfterFunc(ctx, func() { first.Close() })()
 	}
+	defer func() {
+		if es != nil {
+			es.Close()
+		}
+	}()
 	delay := 200 * time.Millisecond
 	for ctx.Err() == nil {
 		if es == nil {
 			var err error
-			es, err = f.wc.Events(ctx, f.conv, after)
-			if err != nil && localExhaustion(err) {
-				f.fs.log.Warn("cannot reconnect to the worker: out of open files; ending the conversation's browser streams", "conversation", f.conv, "err", err)
-				f.end("this control plane is out of open files; reconnect")
-				return
-			}
-			if err != nil {
-				if ctx.Err() == nil && f.fs.deleted(ctx, f.conv, err) {
-					f.end("the conversation was deleted")
-					return
-				}
+			es, err = wc.Events(ctx, conv, after)
+			switch {
+			case err != nil && localExhaustion(err):
+				log.Warn("cannot connect to the worker: out of open files", "conversation", conv, "err", err)
+				return errOutOfFiles
+			case err != nil && ctx.Err() == nil && deleted(ctx, conv, err):
+				return errDeleted
+			case err != nil:
 				select {
 				case <-ctx.Done():
-					return
 				case <-time.After(delay):
 				}
 				delay = min(delay*2, 3*time.Second)
 				continue
 			}
+			delay = 200 * time.Millisecond
 		}
-		delay = 200 * time.Millisecond
-		for {
-			ev, err := es.Next()
-			if err != nil {
-				if ctx.Err() == nil && !errors.Is(err, io.EOF) {
-					f.fs.log.Info("worker event stream broke; reconnecting", "conversation", f.conv, "after", after, "err", err)
-				}
-				break
+		ev, err := es.Next()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, io.EOF) {
+				log.Info("worker event stream broke; reconnecting", "conversation", conv, "after", after, "err", err)
 			}
-			if ev.ID <= after {
-				continue
-			}
-			after = ev.ID
-			f.publish(ev)
+			es.Close()
+			es = nil
+			continue
 		}
-		es.Close()
-		es = nil
+		if ev.ID <= after {
+			continue
+		}
+		after = ev.ID
+		if !emit(ev) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// run relays conv's worker events into f until ctx ends; it ends the feed
+// when the conversation is deleted or this process is out of open files
+// (the viewers reconnect and get the refusal).
+func (f *feed) run(ctx context.Context, after int64, es *workerclient.EventStream) {
+	err := followWorker(ctx, f.fs.log, f.wc, f.conv, after, es, f.fs.deleted, func(ev contract.Event) bool {
+		f.publish(ev)
+		return true
+	})
+	switch {
+	case errors.Is(err, errOutOfFiles):
+		f.end(err.Error() + "; reconnect")
+	case errors.Is(err, errDeleted):
+		f.end(err.Error())
 	}
 }

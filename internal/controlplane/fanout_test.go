@@ -99,7 +99,6 @@ func (w *eventWorker) serve(rw http.ResponseWriter, r *http.Request) {
 type browser struct {
 	mu   sync.Mutex
 	ids  []int64
-	note []string // comments
 	done chan struct{}
 	resp *http.Response
 }
@@ -123,18 +122,15 @@ func (f *cpFixture) openBrowser(t *testing.T, ctx context.Context, after int64) 
 	go func() {
 		defer close(b.done)
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			b.mu.Lock()
-			switch {
-			case strings.HasPrefix(line, "id: "):
-				id, _ := strconv.ParseInt(line[4:], 10, 64)
-				b.ids = append(b.ids, id)
-			case strings.HasPrefix(line, ": "):
-				b.note = append(b.note, line[2:])
+		r := sse.NewReader(resp.Body)
+		for {
+			e, err := r.Next()
+			if err != nil {
+				return
 			}
+			id, _ := strconv.ParseInt(e.ID, 10, 64)
+			b.mu.Lock()
+			b.ids = append(b.ids, id)
 			b.mu.Unlock()
 		}
 	}()

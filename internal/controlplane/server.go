@@ -408,7 +408,7 @@ func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
 // worker on its own until it has caught up, then joins it. When the worker
 // stream breaks (a worker restart) the feed reconnects from the last
 // relayed id while the browsers stay connected, so each sees every event
-// once, in order. A stream that falls a whole queue behind is ended with a
+// once, in order. A stream that falls a whole ring behind is ended with a
 // comment and resumes with Last-Event-ID, holding up no other.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	_, c, wc, err := s.ownConversation(r)
@@ -507,53 +507,22 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 // feed, or nil when the stream is over (the browser gone, the conversation
 // deleted, the feed ended, this process out of open files, shutdown).
 func (s *Server) catchUp(ctx context.Context, sw *sse.Writer, key, conv string, wc *workerclient.Client, after int64) (*viewer, *feed) {
-	var es *workerclient.EventStream
-	defer func() {
-		if es != nil {
-			es.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.feeds.base, cancel)() // shutdown
+	var v *viewer
+	var f *feed
+	followWorker(ctx, s.log, wc, conv, after, nil, s.deletedMeanwhile, func(ev contract.Event) bool {
+		if sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev) != nil {
+			return false
 		}
-	}()
-	delay := 200 * time.Millisecond
-	for ctx.Err() == nil && !s.shuttingDown() {
-		if es == nil {
-			var err error
-			es, err = wc.Events(ctx, conv, after)
-			if err != nil {
-				if localExhaustion(err) || s.deletedMeanwhile(ctx, conv, err) {
-					return nil, nil
-				}
-				select {
-				case <-ctx.Done():
-					return nil, nil
-				case <-time.After(delay):
-				}
-				delay = min(delay*2, 3*time.Second)
-				continue
-			}
-			delay = 200 * time.Millisecond
-		}
-		ev, err := es.Next()
-		if err != nil {
-			es.Close()
-			es = nil
-			continue
-		}
-		if ev.ID <= after {
-			continue
-		}
-		if err := sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev); err != nil {
-			return nil, nil
-		}
-		after = ev.ID
-		v, f := s.feeds.join(key, conv, wc, after, nil)
-		if v != nil {
-			return v, f
-		}
-		if f.isEnded() {
-			return nil, nil
-		}
+		v, f = s.feeds.join(key, conv, wc, ev.ID, nil)
+		return v == nil && !f.isEnded()
+	})
+	if v == nil {
+		return nil, nil
 	}
-	return nil, nil
+	return v, f
 }
 
 // readyz is readiness as Kubernetes uses it: can this replica serve? Its

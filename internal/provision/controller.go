@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8slabels "k8s.io/apimachinery/pkg/labels"
@@ -127,6 +130,30 @@ func (p *K8sWorkerProvisioner) HasSynced() bool {
 	return p.ctl != nil && len(p.ctl.caches) == len(watched)
 }
 
+// statusOnly reports whether an update changed only what the cluster
+// reports of an object (a Deployment's readiness, a quota's usage, a
+// claim's binding, a namespace's conditions), none of which a reconcile
+// writes or reads: such updates, the most frequent by far, queue nothing.
+func statusOnly(old, cur any) bool {
+	o, ok1 := old.(metav1.Object)
+	c, ok2 := cur.(metav1.Object)
+	if !ok1 || !ok2 || !maps.Equal(o.GetLabels(), c.GetLabels()) || !maps.Equal(o.GetAnnotations(), c.GetAnnotations()) ||
+		!slices.Equal(o.GetFinalizers(), c.GetFinalizers()) || !o.GetDeletionTimestamp().Equal(c.GetDeletionTimestamp()) {
+		return false
+	}
+	switch o := old.(type) {
+	case *appsv1.Deployment:
+		return equality.Semantic.DeepEqual(o.Spec, cur.(*appsv1.Deployment).Spec)
+	case *corev1.ResourceQuota:
+		return equality.Semantic.DeepEqual(o.Spec, cur.(*corev1.ResourceQuota).Spec)
+	case *corev1.PersistentVolumeClaim:
+		return equality.Semantic.DeepEqual(o.Spec, cur.(*corev1.PersistentVolumeClaim).Spec)
+	case *corev1.Namespace:
+		return equality.Semantic.DeepEqual(o.Spec, cur.(*corev1.Namespace).Spec)
+	}
+	return false
+}
+
 // enqueue queues tenant/env for Run's controller, when it runs: after an
 // admin call changed it, so that the controller knows its new deadlines
 // (a rotated token's end of grace) without waiting for the resync.
@@ -195,8 +222,12 @@ func (p *K8sWorkerProvisioner) Run(ctx context.Context) error {
 		}
 	}
 	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		AddFunc: enqueue,
+		UpdateFunc: func(old, obj any) {
+			if !statusOnly(old, obj) {
+				enqueue(obj)
+			}
+		},
 		DeleteFunc: enqueue,
 	}
 	infs := map[string]cache.SharedIndexInformer{}
@@ -266,19 +297,38 @@ func (p *K8sWorkerProvisioner) Run(ctx context.Context) error {
 	}
 }
 
-// enqueueAll queues every tenant-env with a record and every namespace of
-// this installation (an orphan's record may be missing).
-func (p *K8sWorkerProvisioner) enqueueAll(ctx context.Context, q workqueue.TypedRateLimitingInterface[key]) error {
+// allKeys are every tenant-env with a record and every one with a
+// namespace of this installation (an orphan's record may be missing),
+// each once, records first. With the records read, a failure to list the
+// namespaces is returned with the keys of the records.
+func (p *K8sWorkerProvisioner) allKeys(ctx context.Context) ([]key, error) {
 	recs, err := p.store.WorkerRecords(ctx)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	seen := map[key]bool{}
+	var keys []key
+	add := func(k key) {
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
 	}
 	for _, r := range recs {
-		q.Add(key{r.Tenant, r.Env})
+		add(key{r.Tenant, r.Env})
 	}
 	nss, err := p.managedNamespaces(ctx)
 	for _, ns := range nss {
-		q.Add(key{ns.Labels[LabelTenant], ns.Labels[LabelEnv]})
+		add(key{ns.Labels[LabelTenant], ns.Labels[LabelEnv]})
+	}
+	return keys, err
+}
+
+// enqueueAll queues allKeys.
+func (p *K8sWorkerProvisioner) enqueueAll(ctx context.Context, q workqueue.TypedRateLimitingInterface[key]) error {
+	keys, err := p.allKeys(ctx)
+	for _, k := range keys {
+		q.Add(k)
 	}
 	return err
 }
@@ -330,7 +380,7 @@ func (p *K8sWorkerProvisioner) reconcileKey(ctx context.Context, tenant, env str
 	case err != nil:
 		return 0, err
 	case rec.Desired == controlstore.WorkerPresent:
-		err := p.reconcile(ctx, tenant, env, rec.Generation, reconcileOptions{})
+		due, err := p.reconcile(ctx, tenant, env, rec.Generation, reconcileOptions{})
 		var pe *Error
 		if errors.As(err, &pe) && (pe.Reason == ReasonSuperseded || pe.Reason == ReasonOutdatedConfig) {
 			return 0, nil
@@ -344,7 +394,11 @@ func (p *K8sWorkerProvisioner) reconcileKey(ctx context.Context, tenant, env str
 		if err != nil {
 			return 0, err
 		}
-		return p.nextDue(ctx, tenant, env), nil
+		if due.IsZero() {
+			return 0, nil
+		}
+		// A little after, so that the deadline has passed when it runs.
+		return max(due.Sub(p.now()), 0) + 100*time.Millisecond, nil
 	default:
 		if err := p.finishDeprovision(ctx, tenant, env, rec.Generation, 0); err != nil {
 			return 0, fmt.Errorf("deprovision %s/%s: %w", tenant, env, err)
@@ -354,42 +408,6 @@ func (p *K8sWorkerProvisioner) reconcileKey(ctx context.Context, tenant, env str
 		}
 		return 0, nil
 	}
-}
-
-// nextDue is how long until the tenant-env's identity tokens next need
-// the provisioner: the current one's rotation, a retiring one's end of
-// grace, an orphan's revocation (0: none due before the resync).
-func (p *K8sWorkerProvisioner) nextDue(ctx context.Context, tenant, env string) time.Duration {
-	toks, err := p.store.LiveIdentityTokens(ctx, tenant, env)
-	if err != nil {
-		return 0
-	}
-	rec, err := p.store.WorkerRecord(ctx, tenant, env)
-	if err != nil {
-		return 0
-	}
-	now := p.now()
-	var next time.Time
-	due := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
-	for _, t := range toks {
-		switch {
-		case t.JTI == rec.IdentityJTI:
-			due(t.ExpiresAt.Add(-p.cfg.RotateBefore))
-		case t.RetireAt != nil:
-			due(*t.RetireAt)
-		default:
-			due(t.IssuedAt.Add(p.orphanAge))
-		}
-	}
-	if next.IsZero() {
-		return 0
-	}
-	// A little after, so that the deadline has passed when it runs.
-	return max(next.Sub(now), 0) + 100*time.Millisecond
 }
 
 // managedNamespaces lists this installation's namespaces.

@@ -137,30 +137,15 @@ func (p *K8sWorkerProvisioner) ReconcileAll(ctx context.Context) error {
 		p.cfg.Logger.Debug("worker resync skipped", "err", err)
 		return nil
 	}
-	recs, err := p.store.WorkerRecords(ctx)
-	if err != nil {
+	keys, err := p.allKeys(ctx)
+	if keys == nil && err != nil {
 		return err
 	}
-	keys := map[key]bool{}
-	var order []key
-	for _, r := range recs {
-		if k := (key{r.Tenant, r.Env}); !keys[k] {
-			keys[k] = true
-			order = append(order, k)
-		}
-	}
-	nss, err := p.managedNamespaces(ctx)
 	var errs []error
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, ns := range nss {
-		if k := (key{ns.Labels[LabelTenant], ns.Labels[LabelEnv]}); !keys[k] {
-			keys[k] = true
-			order = append(order, k)
-		}
-	}
-	for _, k := range order {
+	for _, k := range keys {
 		if _, err := p.reconcileKey(ctx, k.tenant, k.env); err != nil {
 			errs = append(errs, fmt.Errorf("%s/%s: %w", k.tenant, k.env, err))
 		}

@@ -21,24 +21,25 @@ import (
 // written with its resourceVersion, so of two control planes rotating at
 // once one wins and the other revokes the token it minted. It then revokes
 // retired and orphaned tokens. It returns the hash of the request keys (for
-// the pod template).
-func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env string, forceRotate bool) (string, error) {
+// the pod template) and when the tokens next need the provisioner
+// (retireTokens).
+func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env string, forceRotate bool) (string, time.Time, error) {
 	ns := Namespace(tenant, env)
 	reqKeys := p.requestKeys(tenant, env)
 	secrets := p.kube.CoreV1().Secrets(ns)
 	var current string
 	for attempt := 0; ; attempt++ {
 		if attempt == 5 {
-			return "", &Error{Reason: ReasonAPIError, Message: "Secret " + SecretName + " keeps changing under the provisioner (another control plane rotating?)"}
+			return "", time.Time{}, &Error{Reason: ReasonAPIError, Message: "Secret " + SecretName + " keeps changing under the provisioner (another control plane rotating?)"}
 		}
 		sec, err := secrets.Get(ctx, SecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			tok, jti, err := p.issue(ctx, tenant, env)
 			if err != nil {
-				return "", err
+				return "", time.Time{}, err
 			}
 			if err := p.step(ctx, tenant, env, "identity-issued"); err != nil {
-				return "", err
+				return "", time.Time{}, err
 			}
 			_, err = secrets.Create(ctx, secretObject(&p.cfg, tenant, env, tok, reqKeys), metav1.CreateOptions{FieldManager: FieldManager})
 			if err != nil {
@@ -46,7 +47,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 				if apierrors.IsAlreadyExists(err) {
 					continue
 				}
-				return "", apiError("create Secret "+SecretName, err)
+				return "", time.Time{}, apiError("create Secret "+SecretName, err)
 			}
 			p.cfg.Logger.Info("identity token issued", "tenant", tenant, "env", env, "jti", jti)
 			current = jti
@@ -61,7 +62,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 			break
 		}
 		if err != nil {
-			return "", apiError("read Secret "+SecretName, err)
+			return "", time.Time{}, apiError("read Secret "+SecretName, err)
 		}
 		old := string(sec.Data[SecretKeyID])
 		oldClaims, why := p.usable(ctx, tenant, env, old)
@@ -73,7 +74,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 			if rotate {
 				var tok string
 				if tok, jti, err = p.issue(ctx, tenant, env); err != nil {
-					return "", err
+					return "", time.Time{}, err
 				}
 				want.Data[SecretKeyID] = []byte(tok)
 			}
@@ -84,7 +85,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 				if apierrors.IsConflict(err) {
 					continue
 				}
-				return "", apiError("update Secret "+SecretName, err)
+				return "", time.Time{}, apiError("update Secret "+SecretName, err)
 			}
 			if !rotate {
 				current = oldClaims.ID
@@ -99,7 +100,7 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 					end = exp
 				}
 				if err := p.store.RetireIdentityToken(ctx, oldClaims.ID, end); err != nil && !errors.Is(err, controlstore.ErrNotFound) {
-					return "", err
+					return "", time.Time{}, err
 				}
 				p.cfg.Logger.Info("identity token rotated", "tenant", tenant, "env", env, "jti", jti, "previous", oldClaims.ID, "previous_valid_until", end, "forced", forceRotate)
 			} else {
@@ -111,12 +112,13 @@ func (p *K8sWorkerProvisioner) ensureSecret(ctx context.Context, tenant, env str
 		break
 	}
 	if err := p.store.SetWorkerIdentity(ctx, tenant, env, current); err != nil && !errors.Is(err, controlstore.ErrNotFound) {
-		return "", err
+		return "", time.Time{}, err
 	}
-	if err := p.retireTokens(ctx, tenant, env, current); err != nil {
-		return "", err
+	due, err := p.retireTokens(ctx, tenant, env, current)
+	if err != nil {
+		return "", time.Time{}, err
 	}
-	return hash(reqKeys), nil
+	return hash(reqKeys), due, nil
 }
 
 // usable checks the identity token in the Secret. It returns its claims
@@ -164,25 +166,38 @@ func (p *K8sWorkerProvisioner) revoke(ctx context.Context, jti, why string) {
 }
 
 // retireTokens revokes the tenant-env's tokens other than current whose
-// grace is over, and orphans.
-func (p *K8sWorkerProvisioner) retireTokens(ctx context.Context, tenant, env, current string) error {
+// grace is over, and orphans. It returns when its tokens next need the
+// provisioner (zero: never before they expire): the current one's
+// rotation, a retiring one's end of grace, an orphan's revocation.
+func (p *K8sWorkerProvisioner) retireTokens(ctx context.Context, tenant, env, current string) (time.Time, error) {
 	toks, err := p.store.LiveIdentityTokens(ctx, tenant, env)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	now := p.now()
+	var next time.Time
+	due := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
 	for _, t := range toks {
 		switch {
 		case t.JTI == current:
+			due(t.ExpiresAt.Add(-p.cfg.RotateBefore))
 		case t.RetireAt != nil && !t.RetireAt.After(now):
 			p.revoke(ctx, t.JTI, "grace period over")
 		case !t.ExpiresAt.After(now):
 			p.revoke(ctx, t.JTI, "expired")
 		case t.RetireAt == nil && now.Sub(t.IssuedAt) > p.orphanAge:
 			p.revoke(ctx, t.JTI, "not in the worker's Secret")
+		case t.RetireAt != nil:
+			due(*t.RetireAt)
+		default:
+			due(t.IssuedAt.Add(p.orphanAge))
 		}
 	}
-	return nil
+	return next, nil
 }
 
 // revokeAll revokes every live identity token of the tenant-env.

@@ -168,7 +168,7 @@ func (p *K8sWorkerProvisioner) Provision(ctx context.Context, tenant, env string
 	if err != nil {
 		return Status{}, err
 	}
-	err = p.reconcile(ctx, tenant, env, gen, reconcileOptions{wait: p.cfg.TerminatingWait, applyAll: true})
+	_, err = p.reconcile(ctx, tenant, env, gen, reconcileOptions{wait: p.cfg.TerminatingWait, applyAll: true})
 	p.enqueue(tenant, env)
 	var pe *Error
 	if errors.As(err, &pe) && pe.Reason == ReasonNamespaceConflict {
@@ -199,7 +199,7 @@ func (p *K8sWorkerProvisioner) RotateIdentity(ctx context.Context, tenant, env s
 	if err != nil {
 		return Status{}, err
 	}
-	err = p.reconcile(ctx, tenant, env, rec.Generation, reconcileOptions{forceRotate: true, wait: p.cfg.TerminatingWait, applyAll: true})
+	_, err = p.reconcile(ctx, tenant, env, rec.Generation, reconcileOptions{forceRotate: true, wait: p.cfg.TerminatingWait, applyAll: true})
 	p.enqueue(tenant, env) // the retired token's end of grace
 	if err != nil {
 		st, _ := p.Status(ctx, tenant, env)
@@ -223,8 +223,10 @@ type reconcileOptions struct {
 	applyAll bool
 }
 
-// reconcile applies every object of generation gen.
-func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) error {
+// reconcile applies every object of generation gen. It returns when the
+// tenant-env's identity tokens next need the provisioner (retireTokens;
+// zero when unknown).
+func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) (time.Time, error) {
 	l := p.keyLock(tenant, env)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -238,7 +240,7 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 		l.cancel = nil
 		p.mu.Unlock()
 	}()
-	err := p.apply(ctx, tenant, env, gen, o)
+	due, err := p.apply(ctx, tenant, env, gen, o)
 	if err != nil && ctx.Err() != nil {
 		// Cancelled by a deprovision (or the caller): say why.
 		if cur, rerr := p.current(context.WithoutCancel(ctx), tenant, env, gen); rerr == nil && !cur {
@@ -251,7 +253,7 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 		var pe *Error
 		if errors.As(err, &pe) && pe.Reason == ReasonOutdatedConfig {
 			// Not the worker's failure: the newer control plane reconciles it.
-			return err
+			return due, err
 		}
 		switch {
 		case errors.As(err, &pe) && pe.Reason == ReasonSuperseded:
@@ -269,7 +271,7 @@ func (p *K8sWorkerProvisioner) reconcile(ctx context.Context, tenant, env string
 	if serr := p.store.SetWorkerError(context.WithoutCancel(ctx), tenant, env, gen, msg); serr != nil && !errors.Is(serr, controlstore.ErrNotFound) {
 		p.cfg.Logger.Warn("record worker reconcile outcome", "tenant", tenant, "env", env, "err", serr)
 	}
-	return err
+	return due, err
 }
 
 // current reports whether generation gen is still the tenant-env's
@@ -285,7 +287,7 @@ func (p *K8sWorkerProvisioner) current(ctx context.Context, tenant, env string, 
 	return rec.Desired == controlstore.WorkerPresent && rec.Generation == gen, nil
 }
 
-func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) error {
+func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, gen int64, o reconcileOptions) (time.Time, error) {
 	ns := Namespace(tenant, env)
 	wait := o.wait
 	// put applies obj unless the controller's cache shows it as wanted
@@ -298,13 +300,13 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 		return p.applyObject(ctx, obj)
 	}
 	if err := p.checkConfigRevision(ctx); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	// Before anything is made: the policy that keeps the worker's Jobs
 	// unprivileged, and the one that keeps the control plane in its own
 	// namespaces.
 	if err := p.ensurePolicies(ctx); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	stillCurrent := func() error {
 		ok, err := p.current(ctx, tenant, env, gen)
@@ -317,67 +319,67 @@ func (p *K8sWorkerProvisioner) apply(ctx context.Context, tenant, env string, ge
 		return nil
 	}
 	if err := p.waitNamespace(ctx, tenant, env, wait); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := stillCurrent(); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := put(namespaceObject(&p.cfg, tenant, env)); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := p.step(ctx, tenant, env, "namespace"); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	// A deprovision may have deleted the namespace between the check and
 	// the apply (another control plane): then the namespace just made is
 	// the resync's to remove, and this provision stops.
 	if err := stillCurrent(); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	for _, obj := range []object{quotaObject(&p.cfg, tenant, env), serviceAccountObject(&p.cfg, tenant, env), roleObject(&p.cfg, tenant, env), roleBindingObject(&p.cfg, tenant, env)} {
 		if err := put(obj); err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
 	if err := p.step(ctx, tenant, env, "rbac"); err != nil {
-		return err
+		return time.Time{}, err
 	}
-	secretHash, err := p.ensureSecret(ctx, tenant, env, o.forceRotate)
+	secretHash, due, err := p.ensureSecret(ctx, tenant, env, o.forceRotate)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := p.step(ctx, tenant, env, "secret"); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := p.ensurePVC(ctx, tenant, env, wait); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := p.step(ctx, tenant, env, "pvc"); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	apiServer, err := p.apiServerCIDRs(ctx)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	for _, obj := range []object{serviceObject(&p.cfg, tenant, env), networkPolicyObject(&p.cfg, tenant, env, apiServer), jobsNetworkPolicyObject(&p.cfg, tenant, env)} {
 		if err := put(obj); err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
 	if err := p.step(ctx, tenant, env, "network"); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := stillCurrent(); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := put(deploymentObject(&p.cfg, tenant, env, secretHash)); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := p.step(ctx, tenant, env, "deployment"); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	p.cfg.Logger.Debug("worker objects applied", "namespace", ns, "generation", gen)
-	return nil
+	return due, nil
 }
 
 // checkConfigRevision refuses (OutdatedConfig) when a control plane of a

@@ -73,3 +73,29 @@ func TestSatisfies(t *testing.T) {
 		}
 	}
 }
+
+// Updates that change only what the cluster reports queue nothing; any
+// change to what the provisioner writes does.
+func TestStatusOnly(t *testing.T) {
+	c := &Config{Installation: "i", Replicas: 1, Image: "img"}
+	dep := deploymentObject(c, "t", "e", "h")
+	ready := dep.DeepCopy()
+	ready.Status.ReadyReplicas, ready.Status.AvailableReplicas = 1, 1
+	if !statusOnly(dep, ready) {
+		t.Error("a Deployment turning ready queues a reconcile")
+	}
+	scaled := dep.DeepCopy()
+	scaled.Spec.Replicas = ptr.To[int32](0)
+	relabelled := dep.DeepCopy()
+	relabelled.Labels[LabelTenant] = "x"
+	svc := serviceObject(c, "t", "e")
+	for name, pair := range map[string][2]any{
+		"a Deployment scaled":        {dep, scaled},
+		"a Deployment relabelled":    {dep, relabelled},
+		"a Service (no status kind)": {svc, svc.DeepCopy()},
+	} {
+		if statusOnly(pair[0], pair[1]) {
+			t.Errorf("%s: queues nothing", name)
+		}
+	}
+}
