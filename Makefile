@@ -234,6 +234,13 @@ chaos: tools
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
 
+## bench-fanout: browser streams of control-plane processes: how many one holds,
+## bytes per stream, event latency for 1,000 conversations x 10 viewers and for one
+## conversation x 10,000 viewers, against direct readers (docs/benchmarks.md; about 30 s)
+.PHONY: bench-fanout
+bench-fanout:
+	$(GO) run ./scripts/bench-fanout $(BENCH_FLAGS)
+
 ## bench-jail: what agent containment adds to starting an agent process
 ## (plain vs jailed, alternating; needs root and bwrap)
 .PHONY: bench-jail

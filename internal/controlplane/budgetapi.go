@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"time"
 
@@ -39,6 +41,10 @@ type spendParts struct {
 	budget   *budget.Service
 	gateway  *gateway.Handler
 	registry *prometheus.Registry
+	// files counts the process's sockets: the gateway's to the upstream,
+	// and the server's and the worker clients' (NewServer, Run), against
+	// the open-files budget Run sets (limits.go); unbounded until then.
+	files *httpapi.Files
 }
 
 func newSpendParts(cfg Config, db *controlstore.DB) *spendParts {
@@ -52,7 +58,9 @@ func newSpendParts(cfg Config, db *controlstore.DB) *spendParts {
 	for _, mk := range cfg.MasterKeys {
 		gwKeys = append(gwKeys, mk.Derive(token.PurposeGateway, "", ""))
 	}
+	files := httpapi.NewFiles(math.MaxInt)
 	gw := gateway.New(gateway.Config{
+		Dial:     files.DialContext(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 		Upstream: cfg.Upstream,
 		APIKey:   cfg.APIKey,
 		Keys:     gwKeys,
@@ -61,7 +69,7 @@ func newSpendParts(cfg Config, db *controlstore.DB) *spendParts {
 		Metrics:  gateway.NewMetrics(reg),
 		Logger:   cfg.Logger.With("component", "gateway"),
 	})
-	return &spendParts{budget: svc, gateway: gw, registry: reg}
+	return &spendParts{budget: svc, gateway: gw, registry: reg, files: files}
 }
 
 // close waits for the gateway's pending debits, then stops the budget

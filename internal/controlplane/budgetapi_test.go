@@ -26,6 +26,7 @@ type cpFixture struct {
 	url    string
 	master token.MasterKey
 	db     *controlstore.DB
+	s      *Server
 }
 
 // startControlPlane assembles the control plane as Run does, on SQLite or
@@ -59,8 +60,10 @@ func startControlPlaneWith(t *testing.T, set func(*Config)) *cpFixture {
 	spend := newSpendParts(cfg, db)
 	s, _ := NewServer(cfg, db, spend)
 	srv := httptest.NewServer(s)
-	t.Cleanup(func() { srv.Close(); spend.close(); db.Close() })
-	return &cpFixture{url: srv.URL, master: master, db: db}
+	// BeginShutdown ends the browser streams taken over from srv (which
+	// its Close does not wait for) and their feeds.
+	t.Cleanup(func() { s.BeginShutdown(); srv.Close(); spend.close(); db.Close() })
+	return &cpFixture{url: srv.URL, master: master, db: db, s: s}
 }
 
 func (f *cpFixture) do(t *testing.T, method, path, auth, body string) (int, []byte) {

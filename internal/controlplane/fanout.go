@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"sort"
 	"strconv"
 	"sync"
@@ -23,23 +24,29 @@ import (
 // conversation's latest frames. Each viewer has only a cursor into that
 // ring and a wake-up signal: it copies out what it has not sent yet and
 // writes it to its browser at its own pace. A viewer the ring overtakes
-// (one that fell a whole ring behind) is cut (its stream ends with a
-// comment saying so) and resumes with Last-Event-ID; it never holds up the
-// others. A viewer that joins behind what the ring keeps (a reload after a
+// (one that fell a whole ring behind) gets a moment (feedGrace) to move
+// on, then is cut (its stream ends with a comment saying so) and resumes
+// with Last-Event-ID; it holds up the others that moment at most. A viewer that joins behind what the ring keeps (a reload after a
 // long absence) reads the worker on its own until it has caught up, then
 // joins. A feed with no viewer left stays a moment (a reload reconnects at
 // once), then closes.
 
 // Fan-out sizes.
 const (
-	// feedRecent is how many of its latest frames a feed keeps: what a
-	// joiner behind it can replay, and how far a viewer may fall behind
-	// before it is cut.
-	feedRecent = 512
+	// feedRecent and feedRecentBytes bound what a feed keeps of its
+	// latest frames, in number and in bytes (the newest is kept whatever
+	// its size): what a joiner behind it can replay, and how far a viewer
+	// may fall behind before it is cut.
+	feedRecent      = 512
+	feedRecentBytes = 4 << 20
 	// viewerBatch is how many frames a viewer copies out at once.
 	viewerBatch = 64
 	// feedLinger is how long a feed with no viewer stays open.
 	feedLinger = 3 * time.Second
+	// feedGrace is how long a feed waits, when its ring is full, for a
+	// viewer a whole ring behind before cutting it: the most a slow
+	// browser holds up the others, once.
+	feedGrace = 100 * time.Millisecond
 )
 
 // frame is one event as it goes on the wire to every viewer.
@@ -57,14 +64,17 @@ type feeds struct {
 	// gone (Server.deletedMeanwhile).
 	deleted func(ctx context.Context, conv string, err error) bool
 	linger  time.Duration
+	// slots is the cap shared with the browser streams: each open feed
+	// holds one.
+	slots *streamSlots
 
 	mu     sync.Mutex
 	byKey  map[string]*feed // guarded by mu
 	opened atomic.Int64     // worker subscriptions opened, ever (tests, metrics)
 }
 
-func newFeeds(base context.Context, log *slog.Logger, deleted func(context.Context, string, error) bool) *feeds {
-	return &feeds{log: log, base: base, deleted: deleted, linger: feedLinger, byKey: map[string]*feed{}}
+func newFeeds(base context.Context, log *slog.Logger, deleted func(context.Context, string, error) bool, slots *streamSlots) *feeds {
+	return &feeds{log: log, base: base, deleted: deleted, linger: feedLinger, slots: slots, byKey: map[string]*feed{}}
 }
 
 // feed is one conversation's shared worker subscription.
@@ -75,15 +85,18 @@ type feed struct {
 	wc     *workerclient.Client
 	cancel context.CancelFunc
 
-	mu sync.Mutex
-	// ring holds the latest frames, oldest first from head (a circular
-	// buffer of feedRecent once full); guarded by mu.
-	ring    []*frame
-	head    int
-	last    int64 // the highest id relayed (or the feed's start); guarded by mu
-	viewers map[*viewer]struct{}
-	ended   bool        // the feed stopped: no viewer may join it
-	idle    *time.Timer // closes the feed when no viewer is left
+	mu sync.RWMutex
+	// ring holds the latest frames, oldest first, at most feedRecent of
+	// them and feedRecentBytes (ringBytes counts them); guarded by mu.
+	ring      []*frame
+	ringBytes int
+	last      int64 // the highest id relayed (or the feed's start); guarded by mu
+	viewers   map[*viewer]struct{}
+	// moved is signalled (never blocking) when a viewer copies frames
+	// out: a publish waiting for one a ring behind looks again.
+	moved chan struct{}
+	ended bool        // the feed stopped: no viewer may join it
+	idle  *time.Timer // closes the feed when no viewer is left
 }
 
 // viewer is one browser stream on a feed: a cursor into the ring.
@@ -94,7 +107,10 @@ type viewer struct {
 	// why says which.
 	gone chan struct{}
 	why  string
-	pos  int64 // the last id copied out (guarded by the feed's mu)
+	// pos is the last id copied out: written by the viewer's own
+	// goroutine under the feed's read lock, read by publish under its
+	// write lock.
+	pos atomic.Int64
 }
 
 // oldest is the id of the oldest frame f keeps (0 when none); f.mu held.
@@ -102,30 +118,41 @@ func (f *feed) oldest() int64 {
 	if len(f.ring) == 0 {
 		return 0
 	}
-	return f.ring[f.head].id
+	return f.ring[0].id
 }
 
 // next copies out, into buf, up to viewerBatch frames past v's position
 // and moves it past them; nothing once v was cut.
 func (f *feed) next(v *viewer, buf []*frame) []*frame {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	// A read lock: every viewer of a conversation copies out the same
+	// frames at once when one arrives (thousands, for a popular one).
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	buf = buf[:0]
 	select {
 	case <-v.gone:
 		return buf // cut: the ring no longer holds what it has not had
 	default:
 	}
-	n := len(f.ring)
-	// The ring is ordered by id from head: find the first past pos.
-	i := sort.Search(n, func(i int) bool { return f.ring[(f.head+i)%n].id > v.pos })
-	for ; i < n && len(buf) < viewerBatch; i++ {
-		buf = append(buf, f.ring[(f.head+i)%n])
-	}
+	// The ring is ordered by id: find the first past pos.
+	pos := v.pos.Load()
+	i := sort.Search(len(f.ring), func(i int) bool { return f.ring[i].id > pos })
+	buf = append(buf, f.ring[i:min(i+viewerBatch, len(f.ring))]...)
 	if len(buf) > 0 {
-		v.pos = buf[len(buf)-1].id
+		v.pos.Store(buf[len(buf)-1].id)
+		select {
+		case f.moved <- struct{}{}:
+		default:
+		}
 	}
 	return buf
+}
+
+// isOpen reports whether key has a feed open now.
+func (fs *feeds) isOpen(key string) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.byKey[key] != nil
 }
 
 // known reports whether key's feed is open and has relayed the event
@@ -146,19 +173,31 @@ func (fs *feeds) known(key string, after int64) bool {
 // join adds a viewer at position after (the last id it has) to key's feed,
 // opening the feed there when none is open (with es, the worker stream
 // the caller opened after the same id, or nil; es is closed when another
-// feed is open already). It returns the viewer and its feed, or a nil
-// viewer when the feed's kept events do not reach back to after: the
-// caller then reads the worker on its own and joins again later.
-func (fs *feeds) join(key, conv string, wc *workerclient.Client, after int64, es *workerclient.EventStream) (*viewer, *feed) {
+// feed is open already). A feed opened holds a slot: the one the caller
+// reserved (reserved true; given back when a feed was open already) or
+// one taken now. It returns the viewer and its feed; a nil viewer when the
+// feed's kept events do not reach back to after (the caller then reads
+// the worker on its own and joins again later); and a nil feed as well
+// when no slot was free for a feed.
+func (fs *feeds) join(key, conv string, wc *workerclient.Client, after int64, es *workerclient.EventStream, reserved bool) (*viewer, *feed) {
 	fs.mu.Lock()
 	f := fs.byKey[key]
-	if f == nil {
+	switch {
+	case f == nil && !reserved && !fs.slots.take(1):
+		fs.mu.Unlock()
+		if es != nil {
+			es.Close()
+		}
+		return nil, nil
+	case f == nil:
 		ctx, cancel := context.WithCancel(fs.base)
-		f = &feed{fs: fs, key: key, conv: conv, wc: wc, cancel: cancel, last: after, viewers: map[*viewer]struct{}{}}
+		f = &feed{fs: fs, key: key, conv: conv, wc: wc, cancel: cancel, last: after, viewers: map[*viewer]struct{}{}, moved: make(chan struct{}, 1)}
 		fs.byKey[key] = f
 		fs.opened.Add(1)
 		go f.run(ctx, after, es)
 		es = nil
+	case reserved:
+		fs.slots.give(1)
 	}
 	fs.mu.Unlock()
 	if es != nil {
@@ -172,7 +211,8 @@ func (fs *feeds) join(key, conv string, wc *workerclient.Client, after int64, es
 	if after < f.last && (len(f.ring) == 0 || f.oldest() > after+1) {
 		return nil, f
 	}
-	v := &viewer{wake: make(chan struct{}, 1), gone: make(chan struct{}), pos: after}
+	v := &viewer{wake: make(chan struct{}, 1), gone: make(chan struct{})}
+	v.pos.Store(after)
 	if after < f.last {
 		v.wake <- struct{}{} // frames to replay
 	}
@@ -184,10 +224,21 @@ func (fs *feeds) join(key, conv string, wc *workerclient.Client, after int64, es
 	return v, f
 }
 
+// stop marks f ended, gives its slot back and ends its worker stream, once;
+// f.mu held.
+func (f *feed) stop() {
+	if f.ended {
+		return
+	}
+	f.ended = true
+	f.fs.slots.give(1)
+	f.cancel()
+}
+
 // isEnded reports whether f stopped for good.
 func (f *feed) isEnded() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	return f.ended
 }
 
@@ -207,11 +258,10 @@ func (f *feed) leave(v *viewer) {
 		if len(f.viewers) > 0 || f.ended {
 			return
 		}
-		f.ended = true
 		if f.fs.byKey[f.key] == f {
 			delete(f.fs.byKey, f.key)
 		}
-		f.cancel()
+		f.stop()
 	})
 }
 
@@ -225,13 +275,12 @@ func (f *feed) end(why string) {
 	f.fs.mu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.ended = true
+	f.stop()
 	for v := range f.viewers {
 		v.why = why
 		close(v.gone)
 	}
 	clear(f.viewers)
-	f.cancel()
 }
 
 // publish serializes ev once into the ring and wakes every viewer; a
@@ -249,23 +298,47 @@ func (f *feed) publish(ev contract.Event) {
 	if ev.ID <= f.last {
 		return
 	}
-	f.last = ev.ID
-	if len(f.ring) < feedRecent {
-		f.ring = append(f.ring, fr)
-	} else {
-		// The oldest frame goes: a viewer that has not copied it out
-		// yet is a whole ring behind, and is cut.
-		evicted := f.ring[f.head].id
-		f.ring[f.head] = fr
-		f.head = (f.head + 1) % feedRecent
+	// The oldest frames go while the ring is over its bounds with the new
+	// one. A viewer that has not copied them out yet is a whole ring
+	// behind: it gets feedGrace to move on (it may only not have been
+	// scheduled while a burst came in, such as a long history replayed to
+	// the first viewer), then is cut.
+	if drop := f.overflow(len(b)); drop > 0 {
+		if f.lagging(f.ring[drop-1].id) {
+			grace := time.NewTimer(feedGrace)
+			for waiting := true; waiting && f.lagging(f.ring[drop-1].id); {
+				f.mu.Unlock()
+				select {
+				case <-f.moved:
+				case <-grace.C:
+					waiting = false // cut who still lags
+				}
+				f.mu.Lock()
+			}
+			grace.Stop()
+		}
+		evicted := f.ring[drop-1].id
+		for _, old := range f.ring[:drop] {
+			f.ringBytes -= len(old.bytes)
+		}
+		clear(f.ring[:drop])
+		f.ring = f.ring[drop:]
 		for v := range f.viewers {
-			if v.pos < evicted {
+			if v.pos.Load() < evicted {
 				v.why = "this stream fell too far behind; reconnect with Last-Event-ID"
 				close(v.gone)
 				delete(f.viewers, v)
 			}
 		}
 	}
+	if len(f.ring) == cap(f.ring) {
+		// The kept frames move to a new array of at most twice the
+		// bound, so the start's advance does not grow one for ever.
+		f.ring = append(make([]*frame, 0, min(max(2*len(f.ring), 16), 2*feedRecent)), f.ring...)
+	}
+	f.ring = append(f.ring, fr)
+	f.ringBytes += len(b)
+	f.last = ev.ID
 	for v := range f.viewers {
 		select {
 		case v.wake <- struct{}{}:
@@ -274,10 +347,34 @@ func (f *feed) publish(ev contract.Event) {
 	}
 }
 
+// overflow returns how many of the oldest frames must go for one of n
+// bytes to fit; f.mu held.
+func (f *feed) overflow(n int) int {
+	drop, count, bytes := 0, len(f.ring)+1, f.ringBytes+n
+	for drop < len(f.ring) && (count > feedRecent || bytes > feedRecentBytes) {
+		count--
+		bytes -= len(f.ring[drop].bytes)
+		drop++
+	}
+	return drop
+}
+
+// lagging reports whether a viewer has not yet copied out the frame id;
+// f.mu held.
+func (f *feed) lagging(id int64) bool {
+	for v := range f.viewers {
+		if v.pos.Load() < id {
+			return true
+		}
+	}
+	return false
+}
+
 // Why followWorker stopped before ctx ended.
 var (
 	errOutOfFiles = errors.New("this control plane is out of open files")
 	errDeleted    = errors.New("the conversation was deleted")
+	errBadResume  = errors.New("the resume point (Last-Event-ID) is beyond this conversation's newest event")
 )
 
 // followWorker reads conv's events from its worker after the id after
@@ -286,7 +383,7 @@ var (
 // cannot be opened it reconnects after the last event handed on, waiting
 // 200 ms doubling to 3 s between failed opens. It stops with errOutOfFiles
 // when this process cannot open a connection, errDeleted when the
-// conversation is gone. es, when not nil, is a stream already opened
+// conversation is gone, errBadResume when the worker refuses after. es, when not nil, is a stream already opened
 // after the same id (under another context: it is closed when ctx ends).
 func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client, conv string, after int64, es *workerclient.EventStream,
 	deleted func(context.Context, string, error) bool, emit func(contract.Event) bool) error {
@@ -300,6 +397,7 @@ func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client
 		}
 	}()
 	delay := 200 * time.Millisecond
+	var we *workerclient.Error
 	for ctx.Err() == nil {
 		if es == nil {
 			var err error
@@ -310,6 +408,13 @@ func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client
 				return errOutOfFiles
 			case err != nil && ctx.Err() == nil && deleted(ctx, conv, err):
 				return errDeleted
+			case errors.As(err, &we) && we.Status == http.StatusBadRequest:
+				// The worker refuses the resume point (beyond its newest
+				// event): one nobody checked, taken while the worker
+				// was unreachable or had no session yet. Retrying cannot
+				// mend it.
+				log.Info("worker refused the resume point", "conversation", conv, "after", after, "err", err)
+				return errBadResume
 			case err != nil:
 				select {
 				case <-ctx.Done():
@@ -352,6 +457,10 @@ func (f *feed) run(ctx context.Context, after int64, es *workerclient.EventStrea
 	case errors.Is(err, errOutOfFiles):
 		f.end(err.Error() + "; reconnect")
 	case errors.Is(err, errDeleted):
+		f.end(err.Error())
+	case errors.Is(err, errBadResume):
+		// Its viewers reconnect with the same id and get the worker's
+		// refusal as a 400.
 		f.end(err.Error())
 	}
 }

@@ -28,6 +28,9 @@ type eventWorker struct {
 	events  []contract.Event
 	changed chan struct{}
 	pad     string // added to each event's data (to make them large)
+	// missing makes it answer 404, as a worker with no session for the
+	// conversation yet.
+	missing atomic.Bool
 
 	opened atomic.Int64
 	open   atomic.Int64
@@ -55,6 +58,12 @@ func (w *eventWorker) append(n int) {
 func (w *eventWorker) serve(rw http.ResponseWriter, r *http.Request) {
 	if !strings.HasSuffix(r.URL.Path, "/events") {
 		http.NotFound(rw, r)
+		return
+	}
+	if w.missing.Load() {
+		rw.Header().Set("Content-Type", "application/json")
+		rw.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(rw, `{"error":{"type":"not_found","message":"no session for this conversation"}}`)
 		return
 	}
 	w.opened.Add(1)

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/talkide/talkide/internal/contract"
@@ -9,19 +10,20 @@ import (
 )
 
 // The control plane's open files. Each browser stream holds its browser's
-// socket and each conversation being watched one to its worker (shared by
-// all its streams: fanout.go), so at worst (one stream per conversation)
-// a stream holds two; each gateway call holds two (the worker's and the
-// upstream's), and the database needs files of its own (SQLite opens
-// its database and log per connection; the durability sync opens the log
-// again). At the open-files limit nothing fails cleanly: accept stalls, so
-// requests, /healthz and model calls wait unanswered, and the database
-// fails. So the control plane divides its limit at start (fdBudget):
-// a reserve for the database and the process itself, a cap on accepted
-// connections (httpapi.LimitListener answers 503 beyond it), and within
-// that a cap on browser streams (503 with Retry-After beyond it), which
-// leaves room for gateway calls and API requests however many browsers
-// are watching.
+// socket and each conversation being watched one to its worker (a feed,
+// shared by all its streams: fanout.go); each gateway call holds two (the
+// worker's and the upstream's), and the database needs files of its own
+// (SQLite opens its database and log per connection; the durability sync
+// opens the log again). At the open-files limit nothing fails cleanly:
+// accept stalls, so requests, /healthz and model calls wait unanswered, and
+// the database fails. So the control plane divides its limit at start
+// (fdBudget): a reserve for the database and the process itself, and the
+// rest a budget of sockets (httpapi.Files) that accepted connections, the
+// sockets to workers and those to the model upstream all take from, each
+// refused cleanly when it is spent (503 with Retry-After; a model call 529).
+// Within it browser streams and feeds share a cap (streamSlots) that
+// leaves a headroom for gateway calls, reports and API requests however
+// many browsers are watching.
 
 // dbMaxConns caps the database's connection pool (SQLite and PostgreSQL
 // alike), so its files fit the reserve.
@@ -36,19 +38,21 @@ type fdBudget struct {
 	// open at start, a margin for transient files (DNS lookups, the
 	// durability sync) and three per database connection.
 	Reserved int
-	// MaxConns caps accepted connections: each may need a second socket
-	// (to a worker or the model upstream).
-	MaxConns int
-	// MaxStreams caps browser streams, at half of MaxConns: the other half
-	// stays free for gateway calls, reports and API requests.
+	// Sockets is the rest: accepted connections and dialled sockets
+	// together (httpapi.Files).
+	Sockets int
+	// MaxStreams caps browser streams and feeds together; Sockets minus it
+	// (a 32nd, at least 64) stays for everything else: at least one
+	// gateway call (two sockets) per 64 sockets, and API requests.
 	MaxStreams int
 }
 
 // newFDBudget divides limit, with open files open now.
 func newFDBudget(limit, open int) fdBudget {
 	b := fdBudget{Limit: limit, Reserved: open + 64 + 3*dbMaxConns}
-	b.MaxConns = max((limit-b.Reserved)/2, 8)
-	b.MaxStreams = max(b.MaxConns/2, 1)
+	b.Sockets = max(limit-b.Reserved, 16)
+	headroom := min(max(b.Sockets/32, 64), b.Sockets/2)
+	b.MaxStreams = max(b.Sockets-headroom, 1)
 	return b
 }
 
@@ -62,9 +66,29 @@ func currentFDBudget() fdBudget {
 	return newFDBudget(limit, open)
 }
 
+// streamSlots counts browser streams and the feeds under them against one
+// cap (max 0: no cap): a stream takes one, and a second when it opens its
+// conversation's feed, which the feed holds until it closes.
+type streamSlots struct {
+	max int64
+	n   atomic.Int64
+}
+
+// take takes n slots, reporting whether they were free.
+func (s *streamSlots) take(n int64) bool {
+	if s.n.Add(n) > s.max && s.max > 0 {
+		s.n.Add(-n)
+		return false
+	}
+	return true
+}
+
+// give gives n slots back.
+func (s *streamSlots) give(n int64) { s.n.Add(-n) }
+
 // errStreamLimit refuses a browser stream beyond the cap.
 func errStreamLimit(n int64) error {
-	e := httpapi.Errorf(503, contract.ErrTypeUnavailable, "this control plane serves its limit of %d browser streams; retry shortly (another replica may answer)", n)
+	e := httpapi.Errorf(503, contract.ErrTypeUnavailable, "this control plane serves its limit of %d browser streams and conversations watched; retry shortly (another replica may answer)", n)
 	e.Header = map[string][]string{"Retry-After": {"2"}}
 	return e
 }

@@ -24,7 +24,10 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	cfg.Logger = httpapi.WithRequestIDs(cfg.Logger)
 	s := &Server{
 		cfg: cfg, db: db, master: master, log: cfg.Logger, mux: http.NewServeMux(),
-		workers:   &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{}},
+		workers: &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{},
+			transport: workerTransport(spend.files)},
+		slots:     &streamSlots{},
+		files:     spend.files,
 		heartbeat: 15 * time.Second,
 		draining:  make(chan struct{}),
 		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
@@ -32,7 +35,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	}
 	base, stopFeeds := context.WithCancel(context.Background())
 	s.stopFeeds = stopFeeds
-	s.feeds = newFeeds(base, cfg.Logger, s.deletedMeanwhile)
+	s.feeds = newFeeds(base, cfg.Logger, s.deletedMeanwhile, s.slots)
 	m := mint.New(db, master, cfg.Logger.With("component", "mint"), cfg.MasterKeys[1:]...)
 	h := func(f httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.log, f) }
 	s.mux.Handle("GET /api/me", h(s.me))
@@ -130,9 +133,11 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 			"build_image", buildImage, "resync", cfg.Provision.Resync)
 	}
 	fds := currentFDBudget()
-	s.maxStreams = int64(fds.MaxStreams)
-	ln = httpapi.LimitListener(ln, fds.MaxConns, "this control plane is at its connection limit; retry shortly")
-	cfg.Logger.Info("open-files budget", "limit", fds.Limit, "reserved", fds.Reserved, "max_connections", fds.MaxConns, "max_browser_streams", fds.MaxStreams)
+	s.slots.max = int64(fds.MaxStreams)
+	s.files.SetMax(fds.Sockets)
+	limited := httpapi.LimitListenerFiles(ln, s.files, "this control plane is at its connection limit; retry shortly")
+	ln = limited
+	cfg.Logger.Info("open-files budget", "limit", fds.Limit, "reserved", fds.Reserved, "sockets", fds.Sockets, "max_browser_streams", fds.MaxStreams)
 	// Check the model upstream now, so a wrong URL or a missing route shows
 	// in the log at start, not as the first turn's failure; readiness
 	// (/healthz) keeps checking.
@@ -149,8 +154,30 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 	reqCtx, cut := context.WithCancel(context.WithoutCancel(ctx))
 	defer cut()
 	srv := httpapi.NewServer(reqCtx, ln.Addr().String(), h, cfg.Logger)
+	limited.ShedIdleWhenFull(srv)           // browsers' idle keep-alives give way to calls with work
 	srv.RegisterOnShutdown(s.BeginShutdown) // runs once the listener is closed
 	err = httpapi.Serve(ctx, srv, ln, cfg.ShutdownGrace)
+	s.BeginShutdown() // also when serving failed: the relays end
+	// The browser streams taken over from the server ended with the
+	// shutdown comment (BeginShutdown); wait for their last writes.
+	relaysDone := make(chan struct{})
+	go func() { s.relays.Wait(); close(relaysDone) }()
+	select {
+	case <-relaysDone:
+	case <-time.After(streamWriteTimeout):
+		cfg.Logger.Warn("browser streams still writing at exit")
+	}
 	cfg.Logger.Info("control plane stopped serving", "err", err)
 	return err
+}
+
+// workerTransport reaches the workers as http.DefaultTransport does, its
+// sockets counted in files and its idle ones bounded (32 per worker, 256
+// in all).
+func workerTransport(files *httpapi.Files) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = files.DialContext(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second})
+	t.MaxIdleConnsPerHost = 32
+	t.MaxIdleConns = 256
+	return t
 }

@@ -3,9 +3,11 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,10 +45,13 @@ type Server struct {
 	// upstream checks that the model upstream resolves and answers, for
 	// readiness and at start.
 	upstream *upstreamCheck
-	// maxStreams caps browser streams (limits.go); 0 is no cap. streams
-	// counts those open.
-	maxStreams int64
-	streams    atomic.Int64
+	// slots caps browser streams and feeds together (limits.go); files is
+	// the budget of the process's sockets (spendParts.files).
+	slots *streamSlots
+	files *httpapi.Files
+	// relays are the browser streams taken over from the HTTP server
+	// (sse.Conn), which it no longer waits for; Run waits for them.
+	relays sync.WaitGroup
 	// feeds share one worker subscription per conversation among the
 	// browser streams (fanout.go); stopFeeds ends them all (BeginShutdown).
 	feeds     *feeds
@@ -92,6 +97,9 @@ func errShuttingDown() error {
 type workerDirectory struct {
 	template string
 	master   token.MasterKey
+	// transport reaches every worker, its sockets counted in the
+	// process's open-files budget.
+	transport http.RoundTripper
 
 	mu sync.Mutex
 	// clients caches one client per "tenant/env"; guarded by mu.
@@ -110,7 +118,7 @@ func (d *workerDirectory) client(tenant, env string) (*workerclient.Client, erro
 	if err != nil {
 		return nil, err
 	}
-	c := workerclient.New(u, tenant, env, d.master.Derive(token.PurposeWorkerRequest, tenant, env))
+	c := workerclient.NewWithTransport(u, tenant, env, d.master.Derive(token.PurposeWorkerRequest, tenant, env), d.transport)
 	d.clients[key] = c
 	return c, nil
 }
@@ -175,6 +183,8 @@ func workerError(err error) error {
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
 		return httpapi.Wrap(we.Status, we.Type, we.Msg, err)
+	case localExhaustion(err):
+		return errWorkerLocal(err)
 	case errors.Is(err, workerclient.ErrUnavailable):
 		return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err))
 	}
@@ -191,6 +201,9 @@ func retryLater(e *httpapi.Error) *httpapi.Error {
 // worker was unreachable or answered 503 (restarting, shutting down).
 func retryable(err error) bool {
 	var we *workerclient.Error
+	if localExhaustion(err) {
+		return false // this process's own: answered at once (workerError)
+	}
 	return errors.Is(err, workerclient.ErrUnavailable) || (errors.As(err, &we) && we.Status == http.StatusServiceUnavailable)
 }
 
@@ -408,8 +421,9 @@ func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) error {
 // worker on its own until it has caught up, then joins it. When the worker
 // stream breaks (a worker restart) the feed reconnects from the last
 // relayed id while the browsers stay connected, so each sees every event
-// once, in order. A stream that falls a whole ring behind is ended with a
-// comment and resumes with Last-Event-ID, holding up no other.
+// once, in order. A stream that falls a whole ring behind gets a moment
+// (feedGrace) to move on, then is ended with a comment and resumes with
+// Last-Event-ID.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	_, c, wc, err := s.ownConversation(r)
 	if err != nil {
@@ -417,13 +431,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	}
 	if s.shuttingDown() {
 		return errShuttingDown()
-	}
-	if s.maxStreams > 0 {
-		if s.streams.Add(1) > s.maxStreams {
-			s.streams.Add(-1)
-			return errStreamLimit(s.maxStreams)
-		}
-		defer s.streams.Add(-1)
 	}
 	last := r.Header.Get(contract.HeaderLastEventID)
 	if last == "" {
@@ -433,8 +440,29 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return httpapi.BadRequest("%v", err)
 	}
-	ctx := r.Context()
+	if r.Method == http.MethodHead {
+		sse.NewWriter(w)
+		w.WriteHeader(http.StatusOK)
+		return nil // the head only: nothing to follow
+	}
 	key := c.Tenant + "/" + c.Env + "/" + c.ID
+	// The stream takes a slot; one that will open its conversation's feed
+	// reserves the feed's too (handed to the feed by join), so a refusal
+	// is a proper 503 rather than a stream that ends at once.
+	feedSlot := !s.feeds.isOpen(key)
+	n := int64(1)
+	if feedSlot {
+		n = 2
+	}
+	if !s.slots.take(n) {
+		return errStreamLimit(s.slots.max)
+	}
+	release := func() {
+		s.slots.give(1)
+		if feedSlot {
+			s.slots.give(1)
+		}
+	}
 	// Without a feed that has relayed the resume point, open the worker
 	// stream before answering, so a refusal (a resume point beyond the
 	// newest event, a worker at its limit) becomes a proper HTTP error; a
@@ -449,54 +477,144 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		case err != nil && localExhaustion(err):
 			// Out of open files here: a 200 would look healthy with
 			// nothing behind it.
+			release()
 			return errWorkerLocal(err)
 		case err != nil && !errors.Is(err, workerclient.ErrUnavailable):
+			release()
 			return workerError(err)
 		}
 	}
+	// Join the conversation's feed before answering, so a stream opened
+	// right after this one finds it open (and shares it), and a feed
+	// without a free slot is a proper 503.
+	v, f := s.feeds.join(key, c.ID, wc, after, es, feedSlot)
+	feedSlot = false // the feed's now, or given back
+	if f == nil {
+		release()
+		return errStreamLimit(s.slots.max)
+	}
+	leave := func() {
+		if v != nil {
+			f.leave(v)
+		}
+	}
+	hello := "talkide conversation " + c.ID
+	// Take the connection over from the HTTP server where it can be (an
+	// HTTP/1.x request): the stream then holds only its socket and one
+	// small goroutine, not the server's buffers and request (sse.Conn).
+	// It lives on after this handler returns, until the browser hangs up
+	// (seen at once: sse.Conn.Gone) or stops reading (its write times
+	// out), the feed cuts it, or shutdown.
+	s.relays.Add(1) // before the server forgets the connection (Run waits)
+	if conn, err := sse.Hijack(w, r, streamWriteTimeout); err == nil {
+		go func() {
+			defer s.relays.Done()
+			defer release()
+			defer conn.Close()
+			defer func() {
+				// Out of net/http's reach: a panic here would end the
+				// process, not the one stream.
+				if p := recover(); p != nil {
+					s.log.Error("browser stream panicked", "conversation", c.ID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				}
+			}()
+			if conn.WriteComment(hello) == nil {
+				s.relay(context.WithoutCancel(r.Context()), conn, key, c.ID, wc, after, v, f)
+			} else {
+				leave()
+			}
+		}()
+		return nil
+	} else if !errors.Is(err, sse.ErrCannotHijack) {
+		s.relays.Done()
+		release()
+		leave()
+		return nil // the browser is gone
+	}
+	s.relays.Done()
+	defer release()
 	sw := sse.NewWriter(w)
 	w.WriteHeader(http.StatusOK)
-	if err := sw.WriteComment("talkide conversation " + c.ID); err != nil {
-		if es != nil {
-			es.Close()
-		}
+	if err := sw.WriteComment(hello); err != nil {
+		leave()
 		return nil
 	}
-	v, f := s.feeds.join(key, c.ID, wc, after, es)
+	s.relay(r.Context(), sw, key, c.ID, wc, after, v, f)
+	return nil
+}
+
+// errNoFeedSlot ends a stream whose feed could not open (this process at
+// its limit of streams and feeds).
+const errNoFeedSlot = "this control plane serves its limit of browser streams and conversations watched; reconnect with Last-Event-ID (another replica may answer)"
+
+// streamWriteTimeout bounds one write to a browser stream: a browser that
+// takes nothing for this long is cut (it resumes with Last-Event-ID).
+const streamWriteTimeout = 30 * time.Second
+
+// streamSink is where a browser stream's frames go: sse.Conn (a
+// connection taken over) or sse.Writer (an HTTP/2 response).
+type streamSink interface {
+	WriteFrames(frames [][]byte) error
+	WriteComment(text string) error
+	// Gone is closed when the browser hangs up (nil: ctx tells).
+	Gone() <-chan struct{}
+}
+
+// relay writes what the conversation's feed relays to the browser stream
+// of viewer v (joined by stream; nil when it is behind what the feed
+// keeps: it catches up on its own first, then joins), in batches, with a
+// heartbeat comment when idle, until the browser leaves (a write fails, or
+// it hangs up), ctx ends, the feed cuts or ends it, or shutdown begins.
+func (s *Server) relay(ctx context.Context, sink streamSink, key, conv string, wc *workerclient.Client, after int64, v *viewer, f *feed) {
 	if v == nil {
-		if v, f = s.catchUp(ctx, sw, key, c.ID, wc, after); v == nil {
-			return nil
+		if v, f = s.catchUp(ctx, sink, key, conv, wc, after); v == nil {
+			return
 		}
 	}
 	defer f.leave(v)
 	tick := time.NewTicker(s.heartbeat)
 	defer tick.Stop()
 	var batch []*frame
+	var bufs [][]byte
 	for {
 		select {
 		case <-v.wake:
-			for batch = f.next(v, batch); len(batch) > 0; batch = f.next(v, batch) {
+			// A batch short of viewerBatch took all there was: a frame
+			// published since signalled wake again, so it is not missed.
+			for more := true; more; {
+				batch = f.next(v, batch)
+				more = len(batch) == viewerBatch
+				bufs = bufs[:0]
 				for _, fr := range batch {
-					if err := sw.WriteFrame(fr.bytes); err != nil {
-						return nil // browser gone
-					}
+					bufs = append(bufs, fr.bytes)
+				}
+				var err error
+				if len(bufs) > 0 {
+					err = sink.WriteFrames(bufs)
 				}
 				clear(batch) // hold no frame the ring has dropped
+				clear(bufs)
+				if err != nil {
+					return // browser gone
+				}
 			}
+			batch, bufs = nil, nil // an idle stream holds no batch
 		case <-v.gone:
-			_ = sw.WriteComment(v.why)
-			return nil
+			_ = sink.WriteComment(v.why)
+			return
 		case <-tick.C:
-			if err := sw.WriteComment("heartbeat"); err != nil {
-				return nil
+			if err := sink.WriteComment("heartbeat"); err != nil {
+				return
 			}
 		case <-s.draining:
 			// End the response cleanly: the browser reconnects with the
 			// id of the last event it got, to a replica still serving.
-			_ = sw.WriteComment("control plane shutting down; reconnect with Last-Event-ID")
-			return nil
+			_ = sink.WriteComment("control plane shutting down; reconnect with Last-Event-ID")
+			return
+		case <-sink.Gone():
+			return
 		case <-ctx.Done():
-			return nil
+			return
 		}
 	}
 }
@@ -506,17 +624,37 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 // them) and the browser stream can join it; it returns the viewer and its
 // feed, or nil when the stream is over (the browser gone, the conversation
 // deleted, the feed ended, this process out of open files, shutdown).
-func (s *Server) catchUp(ctx context.Context, sw *sse.Writer, key, conv string, wc *workerclient.Client, after int64) (*viewer, *feed) {
+func (s *Server) catchUp(ctx context.Context, sw streamSink, key, conv string, wc *workerclient.Client, after int64) (*viewer, *feed) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.feeds.base, cancel)() // shutdown
+	if gone := sw.Gone(); gone != nil {
+		// A stream taken over has no request context to end when the
+		// browser hangs up: its socket says so.
+		go func() {
+			select {
+			case <-gone:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	var v *viewer
 	var f *feed
 	followWorker(ctx, s.log, wc, conv, after, nil, s.deletedMeanwhile, func(ev contract.Event) bool {
-		if sw.WriteJSON(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev) != nil {
+		b, err := sse.JSONFrame(strconv.FormatInt(ev.ID, 10), string(ev.Type), ev)
+		if err != nil {
+			s.log.Warn("worker event not relayed: it cannot be framed", "conversation", conv, "id", ev.ID, "err", err)
+			return true
+		}
+		if sw.WriteFrames([][]byte{b}) != nil {
 			return false
 		}
-		v, f = s.feeds.join(key, conv, wc, ev.ID, nil)
+		v, f = s.feeds.join(key, conv, wc, ev.ID, nil, false)
+		if f == nil {
+			_ = sw.WriteComment(errNoFeedSlot)
+			return false
+		}
 		return v == nil && !f.isEnded()
 	})
 	if v == nil {

@@ -118,9 +118,15 @@ type Config struct {
 	Budget Budget
 	// Prices price calls; nil means budget.DefaultPrices().
 	Prices *budget.PriceTable
-	// Transport reaches the upstream; nil means a tuned http.Transport.
+	// Transport reaches the upstream; nil means a tuned http.Transport
+	// dialling with Dial.
 	Transport http.RoundTripper
-	Logger    *slog.Logger
+	// Dial opens the upstream connections of the tuned transport; nil
+	// means a net.Dialer (10 s timeout). The control plane counts them in
+	// its open-files budget (httpapi.Files.DialContext): a dial it refuses
+	// answers the call 529 overloaded_error, which clients retry.
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Logger *slog.Logger
 	// Metrics, when set, receives the gateway's measurements.
 	Metrics *Metrics
 	// ClientGoneWait bounds how long the gateway keeps an upstream call
@@ -180,9 +186,13 @@ func New(cfg Config) *Handler {
 		cfg.ClientGoneWait = DefaultClientGoneWait
 	}
 	if cfg.Transport == nil {
+		dial := cfg.Dial
+		if dial == nil {
+			dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		}
 		cfg.Transport = &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
-			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:           dial,
 			MaxIdleConns:          1024,
 			MaxIdleConnsPerHost:   512,
 			IdleConnTimeout:       90 * time.Second,

@@ -163,6 +163,16 @@ func (h *Handler) CheckUpstream(ctx context.Context) error {
 // agent's turn ends at once with that reason instead of retrying for
 // minutes against an upstream that cannot be reached.
 func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path string, err error) {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		// This process is out of open files (its budget refused the
+		// dial): a refusal to retry, not a fault of the upstream.
+		e := &httpapi.Error{Status: 529, Type: anthropic.ErrOverloaded, Err: err,
+			Msg:    "TalkIDE gateway: this control plane has no open files left for another model call right now; retry shortly",
+			Header: http.Header{"Retry-After": {"2"}}}
+		h.m.request(path, e.Status)
+		h.errs.With("gateway out of open files").Write(w, r, e)
+		return
+	}
 	ue := describeUpstreamError(h.cfg.Upstream, err)
 	e := &httpapi.Error{Status: http.StatusBadGateway, Type: anthropic.ErrAPI, Err: err, // the whole cause, for the log
 		Msg: "TalkIDE gateway: " + ue.Error() + ". Ask the platform's administrator to check the control plane's model upstream (TALKIDE_UPSTREAM_URL) and its network."}

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -24,8 +25,16 @@ import (
 // its connection for up to refuseTimeout); connections beyond that are
 // closed unanswered. Open reports the connections currently open.
 func LimitListener(ln net.Listener, max int, msg string) *Limited {
+	return LimitListenerFiles(ln, NewFiles(max), msg)
+}
+
+// LimitListenerFiles is LimitListener with the connections counted in
+// files, a budget the process shares with what else holds files (the
+// sockets it dials: Files.DialContext): a connection is accepted only
+// while files has room.
+func LimitListenerFiles(ln net.Listener, files *Files, msg string) *Limited {
 	body := fmt.Sprintf(`{"type":"error","error":{"type":"unavailable","message":%q}}`+"\n", msg)
-	return &Limited{Listener: ln, max: int64(max), refusing: make(chan struct{}, maxRefusing),
+	return &Limited{Listener: ln, files: files, refusing: make(chan struct{}, maxRefusing),
 		refusal: []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: " + strconv.Itoa(refuseRetryAfter) +
 			"\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)}
 }
@@ -41,18 +50,97 @@ const (
 	refuseRetryAfter = 2
 )
 
+// Files is a budget of open files (sockets, mostly) shared by the parts of
+// a process that hold them: the accepted connections of a Limited
+// listener and the connections dialled through DialContext. What would
+// take the process past it is refused at once, as a clean error, instead
+// of failing wherever the next file happens to be opened (EMFILE). It is
+// safe for concurrent use.
+type Files struct {
+	max  atomic.Int64
+	open atomic.Int64
+}
+
+// NewFiles returns a budget of max open files.
+func NewFiles(max int) *Files {
+	f := &Files{}
+	f.max.Store(int64(max))
+	return f
+}
+
+// SetMax changes the budget (a process that learns its limit after its
+// parts were made).
+func (f *Files) SetMax(max int) { f.max.Store(int64(max)) }
+
+// ErrNoFiles is returned by Files.DialContext when the budget is spent; it
+// wraps syscall.EMFILE, so it reads as this process's own exhaustion.
+var ErrNoFiles = fmt.Errorf("open-files budget spent: %w", syscall.EMFILE)
+
+// TryAcquire takes one file from the budget, reporting whether there was
+// room.
+func (f *Files) TryAcquire() bool {
+	if f.open.Add(1) <= f.max.Load() {
+		return true
+	}
+	f.open.Add(-1)
+	return false
+}
+
+// Release gives one file back.
+func (f *Files) Release() { f.open.Add(-1) }
+
+// Open returns the files taken now.
+func (f *Files) Open() int64 { return f.open.Load() }
+
+// Max returns the budget.
+func (f *Files) Max() int64 { return f.max.Load() }
+
+// DialContext returns d.DialContext counted in f: a dial without room
+// fails with ErrNoFiles before opening anything, and the connection gives
+// its file back when closed.
+func (f *Files) DialContext(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if !f.TryAcquire() {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: ErrNoFiles}
+		}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			f.Release()
+			return nil, err
+		}
+		return &countedConn{Conn: c, files: f}, nil
+	}
+}
+
 // Limited is a listener made by LimitListener.
 type Limited struct {
 	net.Listener
-	max      int64
-	open     atomic.Int64
+	files    *Files
 	refused  atomic.Int64
 	refusing chan struct{}
 	refusal  []byte
+	// full, when set (ShedIdleWhenFull), runs when a connection is
+	// refused, at most every 100 ms; lastFull is when it last ran (Unix
+	// nanoseconds).
+	full     func()
+	lastFull atomic.Int64
 }
 
-// Open returns the number of accepted connections not yet closed.
-func (l *Limited) Open() int64 { return l.open.Load() }
+// ShedIdleWhenFull has l close srv's idle keep-alive connections whenever
+// it refuses one for want of files (at most every 100 ms), so a budget
+// spent on idle connections is given back to those that have work: the
+// refused client's retry finds room. Streams taken over from srv are not
+// touched.
+func (l *Limited) ShedIdleWhenFull(srv *http.Server) {
+	l.full = func() {
+		srv.SetKeepAlivesEnabled(false) // closes the idle connections
+		srv.SetKeepAlivesEnabled(true)
+	}
+}
+
+// Open returns the files taken from the listener's budget: its accepted
+// connections not yet closed, and what else shares the budget.
+func (l *Limited) Open() int64 { return l.files.Open() }
 
 // Refused returns the number of connections refused so far.
 func (l *Limited) Refused() int64 { return l.refused.Load() }
@@ -64,11 +152,13 @@ func (l *Limited) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
-			return &countedConn{Conn: c, l: l}, nil
+		if l.files.TryAcquire() {
+			return &countedConn{Conn: c, files: l.files}, nil
 		}
-		l.open.Add(-1)
 		l.refused.Add(1)
+		if now, last := time.Now().UnixNano(), l.lastFull.Load(); l.full != nil && now-last > int64(100*time.Millisecond) && l.lastFull.CompareAndSwap(last, now) {
+			go l.full()
+		}
 		select {
 		case l.refusing <- struct{}{}:
 			go func() {
@@ -93,15 +183,25 @@ func (l *Limited) refuse(c net.Conn) {
 	_, _ = c.Write(l.refusal)
 }
 
-// countedConn gives its slot back when closed.
+// countedConn gives its file back to the budget when closed.
 type countedConn struct {
 	net.Conn
-	l    *Limited
-	once sync.Once
+	files *Files
+	once  sync.Once
+}
+
+// SyscallConn gives the socket under c (a stream taken over from the
+// server watches it for the peer's hangup: sse.Conn).
+func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 func (c *countedConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(c.files.Release)
 	return c.Conn.Close()
 }
 

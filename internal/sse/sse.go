@@ -263,3 +263,16 @@ func ParseID(id string) (int64, error) {
 	}
 	return n, nil
 }
+
+// WriteFrames writes frames made by Frame or JSONFrame and flushes once.
+func (s *Writer) WriteFrames(frames [][]byte) error {
+	for _, f := range frames {
+		if _, err := s.w.Write(f); err != nil {
+			return err
+		}
+	}
+	return s.Flush()
+}
+
+// Gone is nil: a response's end shows in its request's context.
+func (s *Writer) Gone() <-chan struct{} { return nil }

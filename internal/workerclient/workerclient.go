@@ -52,11 +52,18 @@ type Client struct {
 // New returns a client of the worker at base serving (tenant, env), signing
 // with key (the worker-request key of that tenant-env).
 func New(base *url.URL, tenant, env string, key token.Key) *Client {
+	return NewWithTransport(base, tenant, env, key, nil)
+}
+
+// NewWithTransport is New reaching the worker through rt (nil:
+// http.DefaultTransport); the control plane's counts its sockets in its
+// open-files budget.
+func NewWithTransport(base *url.URL, tenant, env string, key token.Key, rt http.RoundTripper) *Client {
 	return &Client{
 		base: base, tenant: tenant, env: env,
 		signer: token.NewSigner(token.PurposeWorkerRequest, key),
-		http:   &http.Client{Timeout: 30 * time.Second},
-		stream: &http.Client{}, // no timeout: the event stream is long-lived; ctx bounds it
+		http:   &http.Client{Timeout: 30 * time.Second, Transport: rt},
+		stream: &http.Client{Transport: rt}, // no timeout: the event stream is long-lived; ctx bounds it
 	}
 }
 
@@ -92,7 +99,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err) // callers tell EMFILE from a worker down
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -179,7 +186,7 @@ func (c *Client) Ready(ctx context.Context) error {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err) // callers tell EMFILE from a worker down
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
