@@ -318,8 +318,14 @@ func New(cfg Config, store *sessionstore.Store, proxy *localproxy.Server) (*Harn
 func (h *Harness) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
+	// The replica lease is renewed until shutdown releases it, not only
+	// until ctx ends: a shutdown that waits for running turns longer than
+	// the lease's trust window must still own its conversations, or the
+	// events it writes last (a turn's end, the process's stop) are dropped.
+	renewCtx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
+	var renewing sync.WaitGroup
 	if h.replica != nil {
-		wg.Go(func() { h.renewLoop(loopCtx) })
+		renewing.Go(func() { h.renewLoop(renewCtx) })
 	}
 	wg.Go(func() { h.recoverLoop(loopCtx) })
 	if j := h.cfg.Jail; j != nil && j.Cgroups == nil {
@@ -328,7 +334,10 @@ func (h *Harness) Run(ctx context.Context) error {
 	<-ctx.Done()
 	stopLoops()
 	wg.Wait()
-	h.shutdown()
+	h.shutdown(func() {
+		stopRenewing()
+		renewing.Wait()
+	})
 	return nil
 }
 

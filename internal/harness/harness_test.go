@@ -60,6 +60,8 @@ type rigOptions struct {
 	// wrapLeases, when set, wraps the rig's lease backend (to count its
 	// calls).
 	wrapLeases func(lease.Manager) lease.Manager
+	// shutdownGrace is ShutdownGrace (2 s when zero).
+	shutdownGrace time.Duration
 }
 
 // testJail is a jail as the worker builds one, with its own control group.
@@ -139,11 +141,15 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	if o.wrapLeases != nil {
 		leases = o.wrapLeases(leases)
 	}
+	grace := o.shutdownGrace
+	if grace == 0 {
+		grace = 2 * time.Second
+	}
 	h, err := New(Config{
 		ClaudeBin: bin, ConfigDir: filepath.Join(o.volume, "cfg"), WorkspaceRoot: filepath.Join(o.volume, "ws"),
 		HomeDir: filepath.Join(o.volume, "home"), TmpRoot: filepath.Join(t.TempDir(), "tmp"),
 		MaxProcesses: o.maxProcesses, IdleTimeout: o.idleTimeout, Leases: leases, Identity: id,
-		ShutdownGrace: 2 * time.Second, RecoverInterval: 200 * time.Millisecond, Logger: log,
+		ShutdownGrace: grace, RecoverInterval: 200 * time.Millisecond, Logger: log,
 		PermissionPolicy: o.policy, PermissionTimeout: o.permTimeout, Jail: jail, DiskLimit: o.diskLimit, DiskFileLimit: o.fileLimit, DiskCheckEvery: diskEvery,
 	}, store, local)
 	if err != nil {
@@ -160,6 +166,18 @@ func startRig(t *testing.T, o rigOptions) *rig {
 func (r *rig) stop() {
 	r.cancel()
 	<-r.done
+}
+
+// crash stops the rig as SIGKILL would stop a worker: nothing more is
+// taken up (its recovery loop would otherwise load the conversations
+// again) or written: every session is dropped with its process killed,
+// then the harness stops with nothing left to shut down.
+func (r *rig) crash() {
+	r.h.closing.Store(true)
+	for _, s := range r.h.loaded() {
+		s.lose()
+	}
+	r.stop()
 }
 
 // events collects a conversation's events from its log as they come.

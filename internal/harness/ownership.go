@@ -325,8 +325,9 @@ func (h *Harness) recoverLoop(ctx context.Context) {
 
 // shutdown stops taking new turns, lets running turns finish within
 // ShutdownGrace, interrupts the rest, stops every process and releases every
-// lease. Queued messages stay stored for the next owner.
-func (h *Harness) shutdown() {
+// lease. Queued messages stay stored for the next owner. stopRenewing ends
+// the replica lease's renewal; it is called just before the release.
+func (h *Harness) shutdown(stopRenewing func()) {
 	h.closing.Store(true)
 	// Loads in progress end (with the session registered) before the
 	// sessions are gathered below.
@@ -363,6 +364,7 @@ func (h *Harness) shutdown() {
 		s.mu.Unlock()
 	}
 	// One write frees every conversation this process held.
+	stopRenewing()
 	if h.replica != nil {
 		if err := h.replica.Release(context.Background()); err != nil {
 			h.log.Warn("release the replica lease", "err", err)

@@ -112,10 +112,7 @@ func TestPermissionRequestSurvivesACrash(t *testing.T) {
 	req, _ := waitEvent(t, ea, contract.EventPermissionRequested, 0, 60*time.Second)
 	id := payload[contract.PermissionRequested](t, req).RequestID
 
-	for _, s := range a.h.loaded() {
-		s.lose() // the process is killed and nothing more is written
-	}
-	a.stop()
+	a.crash() // the process is killed and nothing more is written
 
 	b := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up, policy: PolicyAsk, permTimeout: time.Minute})
 	if _, err := b.h.Recover(); err != nil {
@@ -202,10 +199,7 @@ func TestTurnCostAfterACrash(t *testing.T) {
 		}
 		return n == 2
 	})
-	for _, s := range a.h.loaded() {
-		s.lose() // a crash: no clean exit, so no new cost-state record
-	}
-	a.stop()
+	a.crash() // no clean exit, so no new cost-state record
 	b := startRig(t, rigOptions{volume: vol, holder: "replica-a", upstream: up})
 	eb := b.follow(t, "c")
 	mustSend(t, b.h, "c", "m3", "and once more")
