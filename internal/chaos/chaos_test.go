@@ -53,6 +53,10 @@ type platform struct {
 	workerAddr string
 	logFile    *os.File
 
+	// cps, when set, are control-plane replicas as processes behind a
+	// round-robin proxy (replicas_test.go); url is then the proxy's.
+	cps *cpReplicas
+
 	mu sync.Mutex
 	// cmd is the current worker process; guarded by mu.
 	cmd *exec.Cmd
@@ -62,7 +66,12 @@ type platform struct {
 	done     chan struct{}
 }
 
-func start(t *testing.T) *platform {
+func start(t *testing.T) *platform { return startWith(t, 0) }
+
+// startWith starts the platform with its control plane in this process
+// (replicas 0) or as that many processes sharing a PostgreSQL schema
+// behind a round-robin proxy.
+func startWith(t *testing.T, replicas int) *platform {
 	t.Helper()
 	claude, err := claudecli.Find()
 	if err != nil {
@@ -86,32 +95,40 @@ func start(t *testing.T) *platform {
 	upURL, _ := url.Parse(up.URL)
 
 	master, _ := token.NewMasterKey("c1")
-	cpLn, _ := net.Listen("tcp", "127.0.0.1:0")
 	wAddr := freeAddr(t)
-	p.url = "http://" + cpLn.Addr().String()
-	dbPath := filepath.Join(dir, "cp.db")
-	cfg := controlplane.Config{DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL,
-		WorkerURLTemplate: "http://" + wAddr, DevUserToken: p.userToken, Logger: log}
-	// One user runs all conversations at machine speed: the fair-use limit
-	// (requests per minute) would throttle the test, not test the worker.
-	cfg.FairUse.Window = -1
-	cfg.DefaultUserLimit = 1_000_000 * 1_000_000_000 // a million dollars: a long run must not exhaust it
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+	var identity string
+	if replicas > 0 {
+		p.cps = startReplicas(t, dir, replicas, master, up.URL, "http://"+wAddr, p.userToken)
+		p.url = p.cps.proxy.URL
+		identity = p.cps.identity
+	} else {
+		cpLn, _ := net.Listen("tcp", "127.0.0.1:0")
+		p.url = "http://" + cpLn.Addr().String()
+		dbPath := filepath.Join(dir, "cp.db")
+		cfg := controlplane.Config{DBPath: dbPath, MasterKeys: []token.MasterKey{master}, Upstream: upURL,
+			WorkerURLTemplate: "http://" + wAddr, DevUserToken: p.userToken, Logger: log}
+		// One user runs all conversations at machine speed: the fair-use
+		// limit (requests per minute) would throttle the test, not test
+		// the worker.
+		cfg.FairUse.Window = -1
+		cfg.DefaultUserLimit = 1_000_000 * 1_000_000_000 // a million dollars: a long run must not exhaust it
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		db, err := controlstore.OpenSQLite(context.Background(), dbPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		identity, err = mint.New(db, master, log).IssueIdentity(context.Background(), "demo", "dev", 0)
+		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cpDone := make(chan struct{})
+		go func() { defer close(cpDone); controlplane.Run(ctx, cfg, cpLn) }()
+		t.Cleanup(func() { cancel(); <-cpDone })
 	}
-	db, err := controlstore.OpenSQLite(context.Background(), dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	identity, err := mint.New(db, master, log).IssueIdentity(context.Background(), "demo", "dev", 0)
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cpDone := make(chan struct{})
-	go func() { defer close(cpDone); controlplane.Run(ctx, cfg, cpLn) }()
-	t.Cleanup(func() { cancel(); <-cpDone })
 
 	p.workerEnv = []string{
 		"PATH=" + os.Getenv("PATH"),
@@ -243,8 +260,14 @@ func (p *platform) send(conv, id, text string) error {
 	}
 }
 
-func TestChaos(t *testing.T) {
-	p := start(t)
+func TestChaos(t *testing.T) { runChaos(t, start(t)) }
+
+// runChaos runs conversations on p while SIGKILLing its worker (and, with
+// replicas, its control-plane replicas, in turn) at random moments, then
+// checks that every browser stream got every stored event once, no turn
+// is stuck, no process is left, and every conversation goes on with its
+// history.
+func runChaos(t *testing.T, p *platform) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var ids []string
@@ -300,7 +323,11 @@ func TestChaos(t *testing.T) {
 			case <-time.After(time.Duration(rand.IntN(2500)) * time.Millisecond):
 			}
 			lastCompleted = completed.Load()
-			p.kill()
+			if p.cps != nil && killed.Load()%2 == 1 {
+				p.cps.disrupt(int(killed.Load() / 2))
+			} else {
+				p.kill()
+			}
 			killed.Add(1)
 			if os.Getenv("TALKIDE_TEST_LOGS") != "" {
 				t.Logf("kill %d at %s (completed %d)", killed.Load(), time.Since(startAt).Round(time.Millisecond), lastCompleted)
@@ -452,6 +479,9 @@ func TestChaos(t *testing.T) {
 	}
 	summary := fmt.Sprintf("chaos kills=%d turns=%d lost_events=%d duplicate_events=%d stuck=%d orphans=%d resumed=%d",
 		killed.Load(), turns.Load(), lost, dups, stuck, orphans, resumed)
+	if p.cps != nil {
+		summary += " " + p.cps.summary()
+	}
 	fmt.Println(summary)
 	t.Log(summary)
 	if killed.Load() < int64(*kills) || lost != 0 || dups != 0 || stuck != 0 || orphans != 0 || resumed != len(ids) {
