@@ -36,9 +36,10 @@ func startControlPlane(t *testing.T, databaseURL string, admin string) *cpFixtur
 	return startControlPlaneWith(t, func(c *Config) { c.DatabaseURL, c.AdminToken = databaseURL, admin })
 }
 
-// startControlPlaneWith is startControlPlane on SQLite with the Config
-// changed by set before it is validated.
-func startControlPlaneWith(t *testing.T, set func(*Config)) *cpFixture {
+// testConfig is a control plane's configuration on SQLite in a temporary
+// directory with a development upstream, changed by set before it is
+// validated, and its database opened (closed by the caller).
+func testConfig(t *testing.T, set func(*Config)) (Config, *controlstore.DB) {
 	t.Helper()
 	master, err := token.NewMasterKey("k1")
 	if err != nil {
@@ -57,6 +58,15 @@ func startControlPlaneWith(t *testing.T, set func(*Config)) *cpFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, db
+}
+
+// startControlPlaneWith is startControlPlane on SQLite with the Config
+// changed by set before it is validated.
+func startControlPlaneWith(t *testing.T, set func(*Config)) *cpFixture {
+	t.Helper()
+	cfg, db := testConfig(t, set)
+	master := cfg.MasterKeys[0]
 	spend := newSpendParts(cfg, db)
 	s, _ := NewServer(cfg, db, spend)
 	srv := httptest.NewServer(s)

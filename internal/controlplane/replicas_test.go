@@ -2,12 +2,10 @@ package controlplane
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,9 +14,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/sse"
-	"github.com/talkide/talkide/internal/token"
 )
 
 // replicaSet is control-plane replicas sharing one database behind a plain
@@ -45,22 +41,7 @@ type replica struct {
 
 func newReplicaSet(t *testing.T, workerURL string, n int) *replicaSet {
 	t.Helper()
-	master, err := token.NewMasterKey("k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: "sk-up"}))
-	t.Cleanup(up.Close)
-	upURL, _ := url.Parse(up.URL)
-	cfg := Config{DBPath: filepath.Join(t.TempDir(), "cp.db"), WorkerURLTemplate: workerURL,
-		MasterKeys: []token.MasterKey{master}, Upstream: upURL, APIKey: "sk-up", Logger: slog.New(slog.DiscardHandler)}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	db, err := OpenDB(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, db := testConfig(t, func(c *Config) { c.WorkerURLTemplate = workerURL })
 	rs := &replicaSet{t: t, cfg: cfg, db: db}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {

@@ -6,18 +6,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/talkide/talkide/internal/anthropic"
 	"github.com/talkide/talkide/internal/budget"
-	"github.com/talkide/talkide/internal/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/token"
 )
 
 // A model call the control plane's open-files budget has no socket for
@@ -29,21 +24,8 @@ import (
 func TestModelCallWithoutAFileIsRefusedAsOverloaded(t *testing.T) {
 	up := httptest.NewServer(devupstream.New(devupstream.Config{APIKey: "sk-test"}))
 	t.Cleanup(up.Close)
-	u, _ := url.Parse(up.URL)
-	db, err := controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	master, err := token.NewMasterKey("k1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	files := httpapi.NewFiles(0) // spent
-	svc := budget.NewService(db, budget.Config{})
-	gw := gateway.New(gateway.Config{Upstream: u, APIKey: "sk-test", Keys: []token.Key{master.Derive(token.PurposeGateway, "", "")},
-		Budget: svc, Logger: slog.New(slog.DiscardHandler), Dial: files.DialContext(&net.Dialer{Timeout: time.Second})})
-	srv := httptest.NewServer(gw)
-	t.Cleanup(func() { srv.Close(); gw.Close(); svc.Close(); db.Close() })
+	_, srv, master, svc := gatewayWith(t, up.URL, slog.New(slog.DiscardHandler), files.DialContext(&net.Dialer{Timeout: time.Second}))
 
 	resp, body := postMessages(t, srv, master)
 	var env anthropic.ErrorEnvelope
@@ -55,6 +37,7 @@ func TestModelCallWithoutAFileIsRefusedAsOverloaded(t *testing.T) {
 	}
 	var spend budget.Spend
 	waitFor(t, "the reservation released", func() bool {
+		var err error
 		spend, err = svc.Spend(t.Context(), "alice", "acme")
 		return err == nil && spend.Reserved == 0
 	})

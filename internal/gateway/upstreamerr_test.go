@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -55,6 +56,14 @@ func postMessages(t *testing.T, srv *httptest.Server, master token.MasterKey) (*
 // gatewayLogging is gatewayTo logging to log.
 func gatewayLogging(t *testing.T, upstream string, log *slog.Logger) (*gateway.Handler, *httptest.Server, token.MasterKey) {
 	t.Helper()
+	gw, srv, master, _ := gatewayWith(t, upstream, log, nil)
+	return gw, srv, master
+}
+
+// gatewayWith is gatewayLogging dialling the upstream with dial (nil: the
+// default), and returns its budget too.
+func gatewayWith(t *testing.T, upstream string, log *slog.Logger, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*gateway.Handler, *httptest.Server, token.MasterKey, *budget.Service) {
+	t.Helper()
 	db, err := controlstore.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,10 +78,10 @@ func gatewayLogging(t *testing.T, upstream string, log *slog.Logger) (*gateway.H
 	}
 	svc := budget.NewService(db, budget.Config{})
 	gw := gateway.New(gateway.Config{Upstream: u, APIKey: "sk-test", Keys: []token.Key{master.Derive(token.PurposeGateway, "", "")},
-		Budget: svc, Logger: log})
+		Budget: svc, Logger: log, Dial: dial})
 	srv := httptest.NewServer(gw)
 	t.Cleanup(func() { srv.Close(); gw.Close(); svc.Close(); db.Close() })
-	return gw, srv, master
+	return gw, srv, master, svc
 }
 
 // TestUnreachableUpstreamIsNamed guards F2 (cases/first-run.md): with no

@@ -17,25 +17,9 @@ import (
 // each closed socket gives its file back (issue 28: browser streams, the
 // feeds' sockets to workers and model calls share one budget).
 func TestFilesAreSharedByAcceptsAndDials(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	files := NewFiles(3)
-	l := LimitListenerFiles(ln, files, "at the limit")
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	status := func(c net.Conn) int {
-		t.Helper()
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	ln := servedWithin(t, files, false)
+	status := func(c net.Conn) int { return statusOf(t, c) }
 	dial := files.DialContext(&net.Dialer{Timeout: time.Second})
 	var accepted []net.Conn
 	for range 2 {
@@ -89,27 +73,8 @@ func TestFilesAreSharedByAcceptsAndDials(t *testing.T) {
 // have that headroom held by browsers' idle API connections, refusing the
 // workers' model calls.
 func TestIdleConnectionsGiveWayWhenTheBudgetIsSpent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := NewFiles(2)
-	l := LimitListenerFiles(ln, files, "at the limit")
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	l.ShedIdleWhenFull(srv)
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	status := func(c net.Conn) int {
-		t.Helper()
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	ln := servedWithin(t, NewFiles(2), true)
+	status := func(c net.Conn) int { return statusOf(t, c) }
 	for range 2 { // two idle keep-alive connections take the budget
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
@@ -144,4 +109,35 @@ func TestIdleConnectionsGiveWayWhenTheBudgetIsSpent(t *testing.T) {
 		}
 		time.Sleep(150 * time.Millisecond)
 	}
+}
+
+// servedWithin serves "ok" on a listener limited by files (shedding idle
+// connections when full, with shed) and returns the listener under it.
+func servedWithin(t *testing.T, files *Files, shed bool) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListenerFiles(ln, files, "at the limit")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	if shed {
+		l.ShedIdleWhenFull(srv)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return ln
+}
+
+// statusOf sends a GET on c and returns the answer's status.
+func statusOf(t *testing.T, c net.Conn) int {
+	t.Helper()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -32,6 +32,9 @@ import (
 	"github.com/talkide/talkide/internal/workerclient"
 )
 
+// modelCalls times the calls of the development upstream (calls.go).
+var modelCalls = &callLog{}
+
 const (
 	tenant, env    = "demo", "dev"
 	upstreamAPIKey = "sk-ant-bench-upstream-key"
@@ -140,7 +143,7 @@ func startPlatform(dir, sessionDir string, cc childConfig) (*platform, error) {
 		return nil, err
 	}
 	log := slog.New(slog.DiscardHandler)
-	p.upstream = httptest.NewServer(devupstream.New(devupstream.Config{APIKey: upstreamAPIKey}))
+	p.upstream = httptest.NewServer(modelCalls.wrap(devupstream.New(devupstream.Config{APIKey: upstreamAPIKey})))
 	cpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

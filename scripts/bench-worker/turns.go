@@ -67,17 +67,24 @@ func benchTurns(o options, work string) (turnsResult, error) {
 		return r, fmt.Errorf("open stream: %d", resp.StatusCode)
 	}
 	stream := sse.NewReader(bufio.NewReader(resp.Body))
+	// accepted and started are, per platform turn, how long the browser
+	// API took to accept the message and how long until its turn_started
+	// reached the browser stream.
+	var accepted, started []time.Duration
 	platformTurn := func(text string) (time.Duration, error) {
 		t := time.Now()
 		if _, err := p.api("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text}, nil); err != nil {
 			return 0, err
 		}
+		accepted = append(accepted, time.Since(t))
 		for {
 			e, err := stream.Next()
 			if err != nil {
 				return 0, err
 			}
 			switch contract.EventType(e.Type) {
+			case contract.EventTurnStarted:
+				started = append(started, time.Since(t))
 			case contract.EventTurnCompleted:
 				return time.Since(t), nil
 			case contract.EventTurnFailed:
@@ -87,22 +94,29 @@ func benchTurns(o options, work string) (turnsResult, error) {
 	}
 
 	var ds, ps []time.Duration
+	var dparts, pparts []turnParts
 	for i := range o.warmup + o.turns {
 		text := fmt.Sprintf("please run `echo bench-turn-%d`", i)
 		// Alternate which goes first, so neither always follows the other.
 		kinds := []func(string) (time.Duration, error){d.turn, platformTurn}
 		outs := []*[]time.Duration{&ds, &ps}
+		parts := []*[]turnParts{&dparts, &pparts}
 		if i%2 == 1 {
 			kinds[0], kinds[1] = kinds[1], kinds[0]
 			outs[0], outs[1] = outs[1], outs[0]
+			parts[0], parts[1] = parts[1], parts[0]
 		}
 		for k, f := range kinds {
+			sent := time.Now()
 			dt, err := f(text)
 			if err != nil {
 				return r, err
 			}
 			if i >= o.warmup {
 				*outs[k] = append(*outs[k], dt)
+				if tp, ok := split(sent, time.Now(), modelCalls.within(sent, time.Now())); ok {
+					*parts[k] = append(*parts[k], tp)
+				}
 			}
 		}
 	}
@@ -119,6 +133,30 @@ func benchTurns(o options, work string) (turnsResult, error) {
 		fmt.Printf("%-10s %10.1f %10.1f %10.1f\n", k.name, ms(pct(k.d, 50)), ms(pct(k.d, 0)), ms(pct(k.d, 100)))
 	}
 	fmt.Printf("# added per turn (medians) %.1f ms, ratio %.2f\n", ms(r.platform-r.direct), r.ratio)
+	// Where the time goes: the parts of a turn, split at the model calls
+	// as the upstream saw them (medians of each part).
+	part := func(ps []turnParts, f func(turnParts) time.Duration) float64 {
+		var d []time.Duration
+		for _, p := range ps {
+			d = append(d, f(p))
+		}
+		return ms(pct(d, 50))
+	}
+	fmt.Printf("%-36s %10s %10s %10s\n", "part of a turn (medians)", "direct_ms", "platform", "added")
+	for _, k := range []struct {
+		name string
+		f    func(turnParts) time.Duration
+	}{
+		{"message sent → first model call", func(p turnParts) time.Duration { return p.before }},
+		{"in model calls (upstream's view)", func(p turnParts) time.Duration { return p.calls }},
+		{"between calls (tool, next call in)", func(p turnParts) time.Duration { return p.between }},
+		{"last call answered → turn seen done", func(p turnParts) time.Duration { return p.after }},
+	} {
+		dv, pv := part(dparts, k.f), part(pparts, k.f)
+		fmt.Printf("%-36s %10.1f %10.1f %+10.1f\n", k.name, dv, pv, pv-dv)
+	}
+	fmt.Printf("# platform: the browser API accepted a message in %.1f ms and its turn_started reached the browser stream %.1f ms after it was sent (medians)\n",
+		ms(pct(accepted, 50)), ms(pct(started, 50)))
 	return r, nil
 }
 
