@@ -48,22 +48,12 @@ type platform struct {
 	tmpDir     string
 	upstream   *devupstream.Server
 
-	workerBin  string
-	workerEnv  []string
 	workerAddr string
-	logFile    *os.File
+	worker     *supervised
 
 	// cps, when set, are control-plane replicas as processes behind a
 	// round-robin proxy (replicas_test.go); url is then the proxy's.
 	cps *cpReplicas
-
-	mu sync.Mutex
-	// cmd is the current worker process; guarded by mu.
-	cmd *exec.Cmd
-	// exited is closed when cmd has exited; guarded by mu.
-	exited   chan struct{}
-	stopping atomic.Bool
-	done     chan struct{}
 }
 
 func start(t *testing.T) *platform { return startWith(t, 0) }
@@ -83,7 +73,7 @@ func startWith(t *testing.T, replicas int) *platform {
 		t.Fatalf("build worker: %v\n%s", err, out)
 	}
 	p := &platform{t: t, userToken: "tk_chaos_" + token.NewID(), sessionDir: filepath.Join(dir, "sessions"),
-		tmpDir: filepath.Join(dir, "cli-tmp"), workerBin: bin, done: make(chan struct{})}
+		tmpDir: filepath.Join(dir, "cli-tmp")}
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("TALKIDE_TEST_LOGS") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "controlplane")
@@ -130,7 +120,7 @@ func startWith(t *testing.T, replicas int) *platform {
 		t.Cleanup(func() { cancel(); <-cpDone })
 	}
 
-	p.workerEnv = []string{
+	workerEnv := []string{
 		"PATH=" + os.Getenv("PATH"),
 		"TALKIDE_TENANT=demo", "TALKIDE_ENV=dev", "TALKIDE_WORKER_ADDR=" + wAddr,
 		"TALKIDE_WORKER_REQUEST_KEYS=" + token.FormatKey(master.Derive(token.PurposeWorkerRequest, "demo", "dev")),
@@ -139,8 +129,11 @@ func startWith(t *testing.T, replicas int) *platform {
 		"TALKIDE_CLI_TMP_DIR=" + p.tmpDir, "TALKIDE_SHUTDOWN_GRACE=2s",
 	}
 	p.workerAddr = wAddr
-	p.logFile, _ = os.Create(filepath.Join(dir, "worker.log"))
-	go p.supervise()
+	logFile, err := os.Create(filepath.Join(dir, "worker.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.worker = supervise(&supervised{t: t, what: "worker", bin: bin, env: workerEnv, log: logFile})
 	p.waitReady()
 	return p
 }
@@ -154,45 +147,12 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// supervise runs the worker and restarts it whenever it dies, like a pod.
-func (p *platform) supervise() {
-	defer close(p.done)
-	for !p.stopping.Load() {
-		cmd := exec.Command(p.workerBin)
-		cmd.Env = p.workerEnv
-		cmd.Stdout, cmd.Stderr = p.logFile, p.logFile
-		exited := make(chan struct{})
-		if err := cmd.Start(); err != nil {
-			p.t.Errorf("start worker: %v", err)
-			return
-		}
-		p.mu.Lock()
-		p.cmd, p.exited = cmd, exited
-		p.mu.Unlock()
-		cmd.Wait()
-		close(exited)
-	}
-}
-
 // kill SIGKILLs the worker process (not its children: the CLI dies with it
 // through its parent-death signal, tools are left for recovery to find) and
 // waits until it is gone.
-func (p *platform) kill() {
-	p.mu.Lock()
-	cmd, exited := p.cmd, p.exited
-	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
-}
+func (p *platform) kill() { <-p.worker.signal(syscall.SIGKILL) }
 
-func (p *platform) stop() {
-	p.stopping.Store(true)
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	<-p.done
-}
+func (p *platform) stop() { p.worker.stop() }
 
 func (p *platform) waitReady() {
 	deadline := time.Now().Add(60 * time.Second)
@@ -200,10 +160,7 @@ func (p *platform) waitReady() {
 		if resp, err := http.Get(p.url + "/healthz"); err == nil {
 			resp.Body.Close()
 		}
-		p.mu.Lock()
-		ready := p.cmd != nil
-		p.mu.Unlock()
-		if ready {
+		if p.worker.running() {
 			if resp, err := http.Get("http://" + p.workerAddr + "/readyz"); err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == 200 {
@@ -213,7 +170,7 @@ func (p *platform) waitReady() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	logs, _ := os.ReadFile(p.logFile.Name())
+	logs, _ := os.ReadFile(p.worker.log.Name())
 	p.t.Fatalf("worker not ready; log:\n%s", logs)
 }
 
@@ -485,7 +442,7 @@ func runChaos(t *testing.T, p *platform) {
 	fmt.Println(summary)
 	t.Log(summary)
 	if killed.Load() < int64(*kills) || lost != 0 || dups != 0 || stuck != 0 || orphans != 0 || resumed != len(ids) {
-		logs, _ := os.ReadFile(p.logFile.Name())
+		logs, _ := os.ReadFile(p.worker.log.Name())
 		if len(logs) > 20000 {
 			logs = logs[len(logs)-20000:]
 		}

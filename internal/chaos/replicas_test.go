@@ -42,7 +42,6 @@ func TestChaosReplicas(t *testing.T) { runChaos(t, startWith(t, 2)) }
 // its ready endpoints).
 type cpReplicas struct {
 	t        *testing.T
-	bin      string
 	env      []string
 	identity string
 	proxy    *httptest.Server
@@ -54,14 +53,9 @@ type cpReplicas struct {
 }
 
 type cpReplica struct {
-	addr     string
-	ready    atomic.Bool // in the rotation
-	stopping atomic.Bool
-	done     chan struct{}
-
-	mu     sync.Mutex
-	cmd    *exec.Cmd     // guarded by mu
-	exited chan struct{} // closed when cmd exited; guarded by mu
+	*supervised
+	addr  string
+	ready atomic.Bool // in the rotation
 }
 
 func startReplicas(t *testing.T, dir string, n int, master token.MasterKey, upstream, workerURL, userToken string) *cpReplicas {
@@ -84,7 +78,7 @@ func startReplicas(t *testing.T, dir string, n int, master token.MasterKey, upst
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := &cpReplicas{t: t, bin: bin, identity: identity, logFile: logFile, env: []string{
+	rs := &cpReplicas{t: t, identity: identity, logFile: logFile, env: []string{
 		"PATH=" + os.Getenv("PATH"),
 		"TALKIDE_DATABASE_URL=" + dbURL,
 		"TALKIDE_MASTER_KEYS=" + master.String(),
@@ -105,23 +99,19 @@ func startReplicas(t *testing.T, dir string, n int, master token.MasterKey, upst
 			r.Out.Host = r.In.Host
 		},
 		FlushInterval: -1,
-		ErrorLog:      nil,
 	}
 	rs.proxy = httptest.NewServer(rp)
 	for range n {
-		r := &cpReplica{addr: freeAddr(t), done: make(chan struct{})}
+		r := &cpReplica{addr: freeAddr(t)}
+		r.supervised = supervise(&supervised{t: t, what: "control plane", bin: bin, log: logFile,
+			env: append(append([]string(nil), rs.env...), "TALKIDE_HTTP_ADDR="+r.addr), started: r.watchReady, ended: func() { r.ready.Store(false) }})
 		rs.reps = append(rs.reps, r)
-		go rs.supervise(r)
 	}
 	t.Cleanup(func() {
 		rs.proxy.Close()
 		for _, r := range rs.reps {
-			r.stopping.Store(true)
 			r.ready.Store(false)
-			r.signal(syscall.SIGTERM)
-		}
-		for _, r := range rs.reps {
-			<-r.done
+			r.stop()
 		}
 		logFile.Close()
 	})
@@ -142,51 +132,25 @@ func (rs *cpReplicas) pick() *cpReplica {
 	return rs.reps[int(rs.next.Add(1))%len(rs.reps)]
 }
 
-// supervise runs r's process and starts it again whenever it exits, until
-// it is stopping; r is in the rotation while its process is up and ready.
-func (rs *cpReplicas) supervise(r *cpReplica) {
-	defer close(r.done)
-	for !r.stopping.Load() {
-		cmd := exec.Command(rs.bin)
-		cmd.Env = append(append([]string(nil), rs.env...), "TALKIDE_HTTP_ADDR="+r.addr)
-		cmd.Stdout, cmd.Stderr = rs.logFile, rs.logFile
-		exited := make(chan struct{})
-		if err := cmd.Start(); err != nil {
-			rs.t.Errorf("start control plane: %v", err)
-			return
-		}
-		r.mu.Lock()
-		r.cmd, r.exited = cmd, exited
-		r.mu.Unlock()
-		go func() {
-			for {
-				select {
-				case <-exited:
+// watchReady puts r in the rotation once its new process answers
+// /readyz (its end takes it out: ended).
+func (r *cpReplica) watchReady(exited <-chan struct{}) {
+	go func() {
+		for {
+			select {
+			case <-exited:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if resp, err := http.Get("http://" + r.addr + "/readyz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					r.ready.Store(true)
 					return
-				case <-time.After(50 * time.Millisecond):
-				}
-				if resp, err := http.Get("http://" + r.addr + "/readyz"); err == nil {
-					resp.Body.Close()
-					if resp.StatusCode == http.StatusOK {
-						r.ready.Store(true)
-						return
-					}
 				}
 			}
-		}()
-		cmd.Wait()
-		r.ready.Store(false)
-		close(exited)
-	}
-}
-
-func (r *cpReplica) signal(sig syscall.Signal) chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		_ = r.cmd.Process.Signal(sig)
-	}
-	return r.exited
+		}
+	}()
 }
 
 func (rs *cpReplicas) waitReady(r *cpReplica) {
@@ -209,7 +173,7 @@ func (rs *cpReplicas) waitReady(r *cpReplica) {
 // ends cleanly), and returns once it is back in the rotation.
 func (rs *cpReplicas) disrupt(k int) {
 	r := rs.reps[k%len(rs.reps)]
-	var exited chan struct{}
+	var exited <-chan struct{}
 	if k%2 == 0 {
 		r.ready.Store(false)
 		exited = r.signal(syscall.SIGTERM)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/workerclient"
 )
@@ -26,9 +27,9 @@ import (
 // writes it to its browser at its own pace. A viewer the ring overtakes
 // (one that fell a whole ring behind) gets a moment (feedGrace) to move
 // on, then is cut (its stream ends with a comment saying so) and resumes
-// with Last-Event-ID; it holds up the others that moment at most. A viewer that joins behind what the ring keeps (a reload after a
-// long absence) reads the worker on its own until it has caught up, then
-// joins. A feed with no viewer left stays a moment (a reload reconnects at
+// with Last-Event-ID; it holds up the others that moment at most. A viewer
+// that joins behind what the ring keeps (a reload after a long absence)
+// reads the worker on its own until it has caught up, then joins. A feed with no viewer left stays a moment (a reload reconnects at
 // once), then closes.
 
 // Fan-out sizes.
@@ -148,26 +149,20 @@ func (f *feed) next(v *viewer, buf []*frame) []*frame {
 	return buf
 }
 
-// isOpen reports whether key has a feed open now.
-func (fs *feeds) isOpen(key string) bool {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return fs.byKey[key] != nil
-}
-
-// known reports whether key's feed is open and has relayed the event
-// after, so a stream resuming there needs no check with the worker (a
-// resume point beyond the newest event is the worker's to refuse).
-func (fs *feeds) known(key string, after int64) bool {
+// lookup reports whether key has a feed open now and whether it has
+// relayed the event after, so a stream resuming there needs no check with
+// the worker (a resume point beyond the newest event is the worker's to
+// refuse).
+func (fs *feeds) lookup(key string, after int64) (open, relayed bool) {
 	fs.mu.Lock()
 	f := fs.byKey[key]
 	fs.mu.Unlock()
 	if f == nil {
-		return false
+		return false, false
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return !f.ended && after <= f.last
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return !f.ended, !f.ended && after <= f.last
 }
 
 // join adds a viewer at position after (the last id it has) to key's feed,
@@ -383,8 +378,9 @@ var (
 // cannot be opened it reconnects after the last event handed on, waiting
 // 200 ms doubling to 3 s between failed opens. It stops with errOutOfFiles
 // when this process cannot open a connection, errDeleted when the
-// conversation is gone, errBadResume when the worker refuses after. es, when not nil, is a stream already opened
-// after the same id (under another context: it is closed when ctx ends).
+// conversation is gone, errBadResume when the worker refuses after. es,
+// when not nil, is a stream already opened after the same id (under
+// another context: it is closed when ctx ends).
 func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client, conv string, after int64, es *workerclient.EventStream,
 	deleted func(context.Context, string, error) bool, emit func(contract.Event) bool) error {
 	if es != nil {
@@ -403,7 +399,7 @@ func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client
 			var err error
 			es, err = wc.Events(ctx, conv, after)
 			switch {
-			case err != nil && localExhaustion(err):
+			case err != nil && httpapi.LocalExhaustion(err):
 				log.Warn("cannot connect to the worker: out of open files", "conversation", conv, "err", err)
 				return errOutOfFiles
 			case err != nil && ctx.Err() == nil && deleted(ctx, conv, err):
@@ -446,8 +442,9 @@ func followWorker(ctx context.Context, log *slog.Logger, wc *workerclient.Client
 }
 
 // run relays conv's worker events into f until ctx ends; it ends the feed
-// when the conversation is deleted or this process is out of open files
-// (the viewers reconnect and get the refusal).
+// when followWorker stops for good (the conversation deleted, this process
+// out of open files, the resume point refused): its viewers reconnect and
+// get the refusal.
 func (f *feed) run(ctx context.Context, after int64, es *workerclient.EventStream) {
 	err := followWorker(ctx, f.fs.log, f.wc, f.conv, after, es, f.fs.deleted, func(ev contract.Event) bool {
 		f.publish(ev)
@@ -456,11 +453,7 @@ func (f *feed) run(ctx context.Context, after int64, es *workerclient.EventStrea
 	switch {
 	case errors.Is(err, errOutOfFiles):
 		f.end(err.Error() + "; reconnect")
-	case errors.Is(err, errDeleted):
-		f.end(err.Error())
-	case errors.Is(err, errBadResume):
-		// Its viewers reconnect with the same id and get the worker's
-		// refusal as a 400.
+	case err != nil:
 		f.end(err.Error())
 	}
 }

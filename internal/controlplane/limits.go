@@ -1,9 +1,7 @@
 package controlplane
 
 import (
-	"errors"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
@@ -91,13 +89,6 @@ func errStreamLimit(n int64) error {
 	e := httpapi.Errorf(503, contract.ErrTypeUnavailable, "this control plane serves its limit of %d browser streams and conversations watched; retry shortly (another replica may answer)", n)
 	e.Header = map[string][]string{"Retry-After": {"2"}}
 	return e
-}
-
-// localExhaustion reports whether err is this process running out of a
-// resource (open files, socket buffers, memory) rather than the far side
-// failing.
-func localExhaustion(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 // errWorkerLocal answers a browser stream whose worker connection failed

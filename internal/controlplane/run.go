@@ -27,7 +27,6 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 		workers: &workerDirectory{template: cfg.WorkerURLTemplate, master: master, clients: map[string]*workerclient.Client{},
 			transport: workerTransport(spend.files)},
 		slots:     &streamSlots{},
-		files:     spend.files,
 		heartbeat: 15 * time.Second,
 		draining:  make(chan struct{}),
 		upstream:  &upstreamCheck{check: spend.gateway.CheckUpstream},
@@ -134,8 +133,8 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 	}
 	fds := currentFDBudget()
 	s.slots.max = int64(fds.MaxStreams)
-	s.files.SetMax(fds.Sockets)
-	limited := httpapi.LimitListenerFiles(ln, s.files, "this control plane is at its connection limit; retry shortly")
+	spend.files.SetMax(fds.Sockets)
+	limited := httpapi.LimitListenerFiles(ln, spend.files, "this control plane is at its connection limit; retry shortly")
 	ln = limited
 	cfg.Logger.Info("open-files budget", "limit", fds.Limit, "reserved", fds.Reserved, "sockets", fds.Sockets, "max_browser_streams", fds.MaxStreams)
 	// Check the model upstream now, so a wrong URL or a missing route shows

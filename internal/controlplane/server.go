@@ -45,10 +45,8 @@ type Server struct {
 	// upstream checks that the model upstream resolves and answers, for
 	// readiness and at start.
 	upstream *upstreamCheck
-	// slots caps browser streams and feeds together (limits.go); files is
-	// the budget of the process's sockets (spendParts.files).
+	// slots caps browser streams and feeds together (limits.go).
 	slots *streamSlots
-	files *httpapi.Files
 	// relays are the browser streams taken over from the HTTP server
 	// (sse.Conn), which it no longer waits for; Run waits for them.
 	relays sync.WaitGroup
@@ -183,7 +181,7 @@ func workerError(err error) error {
 			return httpapi.Wrap(http.StatusBadGateway, contract.ErrTypeUpstream, "worker: "+we.Msg, err)
 		}
 		return httpapi.Wrap(we.Status, we.Type, we.Msg, err)
-	case localExhaustion(err):
+	case httpapi.LocalExhaustion(err):
 		return errWorkerLocal(err)
 	case errors.Is(err, workerclient.ErrUnavailable):
 		return retryLater(httpapi.Wrap(http.StatusServiceUnavailable, contract.ErrTypeUnavailable, "the worker of this conversation is unreachable; try again shortly", err))
@@ -201,7 +199,7 @@ func retryLater(e *httpapi.Error) *httpapi.Error {
 // worker was unreachable or answered 503 (restarting, shutting down).
 func retryable(err error) bool {
 	var we *workerclient.Error
-	if localExhaustion(err) {
+	if httpapi.LocalExhaustion(err) {
 		return false // this process's own: answered at once (workerError)
 	}
 	return errors.Is(err, workerclient.ErrUnavailable) || (errors.As(err, &we) && we.Status == http.StatusServiceUnavailable)
@@ -447,48 +445,43 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 	}
 	key := c.Tenant + "/" + c.Env + "/" + c.ID
 	// The stream takes a slot; one that will open its conversation's feed
-	// reserves the feed's too (handed to the feed by join), so a refusal
-	// is a proper 503 rather than a stream that ends at once.
-	feedSlot := !s.feeds.isOpen(key)
+	// reserves the feed's too (join takes it over), so a refusal is a
+	// proper 503 rather than a stream that ends at once.
+	open, relayed := s.feeds.lookup(key, after)
 	n := int64(1)
-	if feedSlot {
+	if !open {
 		n = 2
 	}
 	if !s.slots.take(n) {
 		return errStreamLimit(s.slots.max)
-	}
-	release := func() {
-		s.slots.give(1)
-		if feedSlot {
-			s.slots.give(1)
-		}
 	}
 	// Without a feed that has relayed the resume point, open the worker
 	// stream before answering, so a refusal (a resume point beyond the
 	// newest event, a worker at its limit) becomes a proper HTTP error; a
 	// feed opened for this stream takes it over.
 	var es *workerclient.EventStream
-	if !s.feeds.known(key, after) {
+	if !relayed {
 		es, err = wc.Events(s.feeds.base, c.ID, after)
 		var we *workerclient.Error
 		switch {
 		case errors.As(err, &we) && we.Status == http.StatusNotFound:
 			es, err = nil, nil // no session yet: the feed waits for it
-		case err != nil && localExhaustion(err):
+		case err != nil && httpapi.LocalExhaustion(err):
 			// Out of open files here: a 200 would look healthy with
 			// nothing behind it.
-			release()
+			s.slots.give(n)
 			return errWorkerLocal(err)
 		case err != nil && !errors.Is(err, workerclient.ErrUnavailable):
-			release()
+			s.slots.give(n)
 			return workerError(err)
 		}
 	}
 	// Join the conversation's feed before answering, so a stream opened
 	// right after this one finds it open (and shares it), and a feed
-	// without a free slot is a proper 503.
-	v, f := s.feeds.join(key, c.ID, wc, after, es, feedSlot)
-	feedSlot = false // the feed's now, or given back
+	// without a free slot is a proper 503. From here the stream holds one
+	// slot (release).
+	v, f := s.feeds.join(key, c.ID, wc, after, es, !open)
+	release := func() { s.slots.give(1) }
 	if f == nil {
 		release()
 		return errStreamLimit(s.slots.max)
@@ -519,7 +512,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 				}
 			}()
 			if conn.WriteComment(hello) == nil {
-				s.relay(context.WithoutCancel(r.Context()), conn, key, c.ID, wc, after, v, f)
+				s.relay(conn.Context(), conn, key, c.ID, wc, after, v, f)
 			} else {
 				leave()
 			}
@@ -556,15 +549,14 @@ const streamWriteTimeout = 30 * time.Second
 type streamSink interface {
 	WriteFrames(frames [][]byte) error
 	WriteComment(text string) error
-	// Gone is closed when the browser hangs up (nil: ctx tells).
-	Gone() <-chan struct{}
 }
 
 // relay writes what the conversation's feed relays to the browser stream
 // of viewer v (joined by stream; nil when it is behind what the feed
 // keeps: it catches up on its own first, then joins), in batches, with a
 // heartbeat comment when idle, until the browser leaves (a write fails, or
-// it hangs up), ctx ends, the feed cuts or ends it, or shutdown begins.
+// ctx ends: the request's, or sse.Conn's when the browser hangs up), the
+// feed cuts or ends it, or shutdown begins.
 func (s *Server) relay(ctx context.Context, sink streamSink, key, conv string, wc *workerclient.Client, after int64, v *viewer, f *feed) {
 	if v == nil {
 		if v, f = s.catchUp(ctx, sink, key, conv, wc, after); v == nil {
@@ -611,8 +603,6 @@ func (s *Server) relay(ctx context.Context, sink streamSink, key, conv string, w
 			// id of the last event it got, to a replica still serving.
 			_ = sink.WriteComment("control plane shutting down; reconnect with Last-Event-ID")
 			return
-		case <-sink.Gone():
-			return
 		case <-ctx.Done():
 			return
 		}
@@ -628,17 +618,6 @@ func (s *Server) catchUp(ctx context.Context, sw streamSink, key, conv string, w
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.feeds.base, cancel)() // shutdown
-	if gone := sw.Gone(); gone != nil {
-		// A stream taken over has no request context to end when the
-		// browser hangs up: its socket says so.
-		go func() {
-			select {
-			case <-gone:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-	}
 	var v *viewer
 	var f *feed
 	followWorker(ctx, s.log, wc, conv, after, nil, s.deletedMeanwhile, func(ev contract.Event) bool {

@@ -163,7 +163,7 @@ func (h *Handler) CheckUpstream(ctx context.Context) error {
 // agent's turn ends at once with that reason instead of retrying for
 // minutes against an upstream that cannot be reached.
 func (h *Handler) upstreamFailed(w http.ResponseWriter, r *http.Request, path string, err error) {
-	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+	if httpapi.LocalExhaustion(err) {
 		// This process is out of open files (its budget refused the
 		// dial): a refusal to retry, not a fault of the upstream.
 		e := &httpapi.Error{Status: 529, Type: anthropic.ErrOverloaded, Err: err,

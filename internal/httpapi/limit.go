@@ -92,8 +92,12 @@ func (f *Files) Release() { f.open.Add(-1) }
 // Open returns the files taken now.
 func (f *Files) Open() int64 { return f.open.Load() }
 
-// Max returns the budget.
-func (f *Files) Max() int64 { return f.max.Load() }
+// LocalExhaustion reports whether err is this process running out of a
+// resource (open files, its budget of them included, socket buffers,
+// memory) rather than the far side failing.
+func LocalExhaustion(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
 
 // DialContext returns d.DialContext counted in f: a dial without room
 // fails with ErrNoFiles before opening anything, and the connection gives

@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -22,7 +23,8 @@ import (
 type Conn struct {
 	c       net.Conn
 	timeout time.Duration
-	gone    <-chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
 	unwatch func()
 	closed  sync.Once
 }
@@ -36,20 +38,17 @@ var ErrCannotHijack = errors.New("sse: the response cannot be taken over")
 // and writes a 200 response head with the text/event-stream headers of
 // NewWriter, the headers already set on w (a request id, say) and
 // "Connection: close". timeout bounds each later write. After Hijack the
-// handler may return: the stream lives until Close. The error is
+// handler may return: the stream lives until Close, and its Context
+// (carrying r's values) ends when the reader hangs up. The error is
 // ErrCannotHijack (nothing was written; w is still usable) or the
 // connection's.
 func Hijack(w http.ResponseWriter, r *http.Request, timeout time.Duration) (*Conn, error) {
 	if r.ProtoMajor != 1 || r.Method != http.MethodGet {
 		return nil, ErrCannotHijack // a HEAD gets its head from net/http, with no body
 	}
-	c, brw, err := http.NewResponseController(w).Hijack()
+	c, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return nil, errors.Join(ErrCannotHijack, err)
-	}
-	if brw.Writer.Buffered() > 0 { // nothing is written before the head
-		c.Close()
-		return nil, errors.New("sse: bytes buffered before the response head")
 	}
 	var b strings.Builder
 	b.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\nConnection: close\r\n")
@@ -76,7 +75,10 @@ func Hijack(w http.ResponseWriter, r *http.Request, timeout time.Duration) (*Con
 		c.Close()
 		return nil, err
 	}
-	s.gone, s.unwatch = watchHangup(c)
+	// The request's values (its id) stay; its end, which net/http
+	// signals when the handler returns, does not.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(r.Context()))
+	s.unwatch = watchHangup(c, s.cancel)
 	return s, nil
 }
 
@@ -86,10 +88,7 @@ func (s *Conn) write(b []byte) error {
 	return err
 }
 
-// WriteFrame writes a frame made by Frame or JSONFrame.
-func (s *Conn) WriteFrame(frame []byte) error { return s.write(frame) }
-
-// WriteFrames writes frames with one write: a stream catching up sends
+// WriteFrames writes frames made by Frame or JSONFrame with one write: a stream catching up sends
 // them together, not one system call each.
 func (s *Conn) WriteFrames(frames [][]byte) error {
 	if len(frames) == 1 {
@@ -111,17 +110,18 @@ func (s *Conn) WriteComment(text string) error {
 	return s.write([]byte(": " + strings.ReplaceAll(text, "\n", " ") + "\n\n"))
 }
 
-// Gone is closed when the reader hangs up (it closed the connection); it
-// is nil, never closed, where that cannot be watched (then only a failed
-// write tells). A stream held without a goroutine reading it learns of a
-// closed browser here, at once, not at its next heartbeat.
-func (s *Conn) Gone() <-chan struct{} { return s.gone }
+// Context ends when the reader hangs up (it closed the connection) or the
+// stream is closed; off Linux only Close ends it (a failed write tells of
+// a reader gone). A stream held without a goroutine reading it learns of
+// a closed browser here, at once, not at its next heartbeat.
+func (s *Conn) Context() context.Context { return s.ctx }
 
 // Close ends the stream. It is idempotent.
 func (s *Conn) Close() error {
 	err := net.ErrClosed
 	s.closed.Do(func() {
 		s.unwatch()
+		s.cancel()
 		err = s.c.Close()
 	})
 	return err

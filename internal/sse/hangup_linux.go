@@ -3,6 +3,7 @@
 package sse
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -10,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// hangups tells streams taken over from the HTTP server (Conn) that their
-// reader hung up, without a goroutine blocked in a read for each: one
+// hangups ends the context of a stream taken over from the HTTP server
+// (Conn) when its reader hangs up, without a goroutine blocked in a read for each: one
 // epoll set, separate from the Go runtime's, holds every such socket for
 // EPOLLRDHUP (the peer closed its side), and one goroutine waits on it.
 // An entry is keyed by a number never reused, not by the descriptor, and
@@ -22,7 +23,7 @@ type hangups struct {
 	next atomic.Uint64
 
 	mu    sync.Mutex
-	conns map[uint64]chan struct{} // guarded by mu
+	conns map[uint64]context.CancelFunc // guarded by mu
 }
 
 var (
@@ -36,7 +37,7 @@ func watcher() *hangups {
 		if err != nil {
 			return
 		}
-		watch = &hangups{epfd: fd, conns: map[uint64]chan struct{}{}}
+		watch = &hangups{epfd: fd, conns: map[uint64]context.CancelFunc{}}
 		go watch.run()
 	})
 	return watch
@@ -55,22 +56,21 @@ func (h *hangups) run() {
 		h.mu.Lock()
 		for _, ev := range evs[:n] {
 			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
-			if gone, ok := h.conns[id]; ok {
+			if hungUp, ok := h.conns[id]; ok {
 				delete(h.conns, id)
-				close(gone)
+				hungUp()
 			}
 		}
 		h.mu.Unlock()
 	}
 }
 
-// add watches rc's socket; it returns the entry's key and the channel
-// closed when the peer hangs up, or ok false when it cannot be watched.
-func (h *hangups) add(rc syscall.RawConn) (id uint64, gone chan struct{}, ok bool) {
+// add watches rc's socket, calling hungUp when the peer hangs up; it
+// returns the entry's key, or ok false when it cannot be watched.
+func (h *hangups) add(rc syscall.RawConn, hungUp context.CancelFunc) (id uint64, ok bool) {
 	id = h.next.Add(1)
-	gone = make(chan struct{})
 	h.mu.Lock()
-	h.conns[id] = gone
+	h.conns[id] = hungUp
 	h.mu.Unlock()
 	var err error
 	cerr := rc.Control(func(fd uintptr) {
@@ -81,9 +81,9 @@ func (h *hangups) add(rc syscall.RawConn) (id uint64, gone chan struct{}, ok boo
 		h.mu.Lock()
 		delete(h.conns, id)
 		h.mu.Unlock()
-		return 0, nil, false
+		return 0, false
 	}
-	return id, gone, true
+	return id, true
 }
 
 // remove stops watching rc's socket (before it is closed).
@@ -96,25 +96,25 @@ func (h *hangups) remove(id uint64, rc syscall.RawConn) {
 	h.mu.Unlock()
 }
 
-// watchHangup watches c when it has a socket; gone is closed when its
-// peer hangs up (nil when c cannot be watched), and stop must be called
-// before c is closed.
-func watchHangup(c any) (gone <-chan struct{}, stop func()) {
+// watchHangup calls hungUp when c's peer hangs up, where c has a socket
+// and epoll is there (otherwise never); stop must be called before c is
+// closed.
+func watchHangup(c any, hungUp context.CancelFunc) (stop func()) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return nil, func() {}
+		return func() {}
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nil, func() {}
+		return func() {}
 	}
 	h := watcher()
 	if h == nil {
-		return nil, func() {}
+		return func() {}
 	}
-	id, ch, ok := h.add(rc)
+	id, ok := h.add(rc, hungUp)
 	if !ok {
-		return nil, func() {}
+		return func() {}
 	}
-	return ch, func() { h.remove(id, rc) }
+	return func() { h.remove(id, rc) }
 }

@@ -2,6 +2,8 @@
 
 package sse
 
+import "context"
+
 // watchHangup has no watcher off Linux: a stream taken over learns that
 // its reader left from a failed write (its heartbeat at the latest).
-func watchHangup(c any) (gone <-chan struct{}, stop func()) { return nil, func() {} }
+func watchHangup(c any, hungUp context.CancelFunc) (stop func()) { return func() {} }

@@ -1,7 +1,8 @@
 // Package sse reads and writes server-sent events, the text/event-stream
 // format of the WHATWG HTML standard ("Server-sent events", §9.2).
 //
-// Writer frames events and flushes each one; Reader parses a stream into
+// Writer frames events and flushes each one; Conn does the same on a
+// connection taken over from the HTTP server (Hijack); Reader parses a stream into
 // events, accepting LF, CRLF and CR line ends, comments, multi-line data and
 // the id/event/retry fields. It is used for the worker's event stream, the
 // browser stream and in tests of the gateway; the gateway-proxy itself never
@@ -273,6 +274,3 @@ func (s *Writer) WriteFrames(frames [][]byte) error {
 	}
 	return s.Flush()
 }
-
-// Gone is nil: a response's end shows in its request's context.
-func (s *Writer) Gone() <-chan struct{} { return nil }
