@@ -14,11 +14,13 @@ type metrics struct {
 	queued prometheus.Counter
 	events *prometheus.CounterVec
 	limits *prometheus.CounterVec
+	saves  prometheus.Counter
 }
 
 // RegisterMetrics registers the harness's metrics with reg: live CLI
 // processes and their cap, turns waiting for a process, loaded
-// conversations, turns by outcome, queued turns and events by type.
+// conversations, turns by outcome, queued turns, events by type and
+// writes of conversations' state files.
 func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 	m := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_turns_total",
@@ -29,8 +31,10 @@ func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 			Help: "Events stored in conversations' event logs, by type."}, []string{"type"}),
 		limits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_agent_limit_hits_total",
 			Help: "Times an agent hit one of its limits (memory, processes, disk), by limit."}, []string{"limit"}),
+		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_state_saves_total",
+			Help: "Conversation state files written (each written, synced and renamed into place on the session volume)."}),
 	}
-	reg.MustRegister(m.turns, m.queued, m.events, m.limits,
+	reg.MustRegister(m.turns, m.queued, m.events, m.limits, m.saves,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes",
 			Help: "Live Claude Code CLI processes."}, func() float64 { return float64(h.LiveProcesses()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes_max",

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
@@ -50,6 +52,11 @@ type process struct {
 	reason string
 	// stdinClosed is set once stdin is closed; guarded by mu.
 	stdinClosed bool
+	// stdin writes to the CLI's stdin pipe without waiting (nil: every
+	// line goes through the writer goroutine); queued counts the lines
+	// handed to that goroutine and not yet written. Guarded by mu.
+	stdin  syscall.RawConn
+	queued int
 	// stderr keeps the tail of the CLI's stderr for diagnostics; guarded by mu.
 	stderr []byte
 
@@ -63,17 +70,65 @@ const stdinQueue = 256
 // maxStderrTail bounds the stderr kept for messages.
 const maxStderrTail = 4 << 10
 
+// send writes line to the CLI's stdin, or queues it for the writer
+// goroutine; it reports false when stdin is closed or stdinQueue lines
+// already wait. With nothing queued, what the pipe takes at once is
+// written here: handing a line to the writer costs a scheduling round
+// (about a millisecond on a busy 2-core host) on every message.
 func (p *process) send(line []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stdinClosed {
 		return false
 	}
+	if p.queued == 0 && p.stdin != nil {
+		line = line[p.writeNowLocked(line):]
+		if len(line) == 0 {
+			return true
+		}
+	}
 	select {
 	case p.in <- line:
+		p.queued++
 		return true
 	default:
 		return false
+	}
+}
+
+// writeNowLocked writes what of b the stdin pipe takes without waiting
+// and returns how many bytes that was (0 when full or closed).
+func (p *process) writeNowLocked(b []byte) int {
+	n := 0
+	_ = p.stdin.Write(func(fd uintptr) bool {
+		if m, err := unix.Write(int(fd), b); err == nil {
+			n = m
+		}
+		return true // one try: a full pipe is the writer's to wait on
+	})
+	return n
+}
+
+// attachStdin lets send write to stdin, the pipe to the CLI's stdin,
+// without waiting when it can.
+func (p *process) attachStdin(stdin io.Writer) {
+	if f, ok := stdin.(syscall.Conn); ok {
+		p.stdin, _ = f.SyscallConn()
+	}
+}
+
+// writeQueued writes the lines send queued to stdin, in order, until the
+// queue is closed or a write fails (the process is gone: its stdout reader
+// sees EOF), then closes stdin.
+func (p *process) writeQueued(stdin io.WriteCloser) {
+	defer stdin.Close()
+	for line := range p.in {
+		if _, err := stdin.Write(line); err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.queued--
+		p.mu.Unlock()
 	}
 }
 
@@ -250,6 +305,7 @@ func (s *session) startLocked() (*process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stdin pipe: %w", err)
 	}
+	p.attachStdin(stdin)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
@@ -276,14 +332,9 @@ func (s *session) startLocked() (*process, error) {
 	s.watchLimits(p)
 
 	s.h.procs.Add(2)
-	go func() { // stdin writer
+	go func() {
 		defer s.h.procs.Done()
-		defer stdin.Close()
-		for line := range p.in {
-			if _, err := stdin.Write(line); err != nil {
-				return // the process is gone; the reader sees EOF
-			}
-		}
+		p.writeQueued(stdin)
 	}()
 	go func() { // stdout reader, then reaper
 		defer s.h.procs.Done()

@@ -135,6 +135,9 @@ func (s *session) saveLocked() error {
 		s.emitLocked(contract.EventError, contract.ErrorEvent{Code: "storage_error", Message: "the worker could not save this conversation's state; what happens next may be lost if the worker restarts (the worker's log has the cause)"})
 		return err
 	}
+	if m := s.h.metrics.Load(); m != nil {
+		m.saves.Inc()
+	}
 	return nil
 }
 
@@ -154,26 +157,42 @@ func (s *session) enqueueLocked(req contract.SendMessageRequest) (contract.SendM
 	prev := *s.meta
 	s.meta.Accept(req.ClientMessageID, req.Text)
 	s.meta.Stopped = false
-	s.meta.Pending = append(s.meta.Pending, sessionstore.PendingMessage{
-		ClientMessageID: req.ClientMessageID, Text: req.Text, AcceptedAt: time.Now().UTC(),
-	})
+	msg := sessionstore.PendingMessage{ClientMessageID: req.ClientMessageID, Text: req.Text, AcceptedAt: time.Now().UTC()}
+	// A message to a warm, idle agent is accepted and its turn begun with
+	// one save instead of two (each is a state file written and synced):
+	// what a crash between them could tell apart is a turn not yet
+	// written to the agent, which recovery ends as cut either way.
+	atOnce := s.canBeginLocked() && len(s.meta.Pending) == 0 && s.proc != nil
+	if atOnce {
+		s.meta.Turn = &msg
+	} else {
+		s.meta.Pending = append(s.meta.Pending, msg)
+	}
 	if err := s.saveLocked(); err != nil {
 		*s.meta = prev // not stored: not accepted
 		return contract.SendMessageResponse{}, fmt.Errorf("store message: %w", err)
 	}
 	s.emitLocked(contract.EventUserMessage, contract.UserMessage{ClientMessageID: req.ClientMessageID, Text: req.Text})
-	s.pumpLocked()
+	if atOnce {
+		s.beginTurnLocked(msg)
+	} else {
+		s.pumpLocked()
+	}
 	return resp, nil
+}
+
+// canBeginLocked reports whether a turn may begin now: none runs, the
+// worker is not shutting down, the session is this worker's, and its
+// agent (if it has one) is not being stopped.
+func (s *session) canBeginLocked() bool {
+	return s.meta.Turn == nil && !s.h.isClosing() && s.ownedLocked() && (s.proc == nil || !s.proc.stopping())
 }
 
 // pumpLocked starts the next queued turn if none runs, the worker is not
 // shutting down, and a process slot is free (else the session queues for
 // one and is pumped again when it gets it).
 func (s *session) pumpLocked() {
-	for s.meta.Turn == nil && len(s.meta.Pending) > 0 && !s.h.isClosing() && s.ownedLocked() {
-		if s.proc != nil && s.proc.stopping() {
-			return // exited() pumps again once the process is gone
-		}
+	for len(s.meta.Pending) > 0 && s.canBeginLocked() {
 		if s.proc == nil {
 			// The agent's files are read before taking a slot: never while
 			// holding what other conversations wait for.
@@ -216,19 +235,25 @@ func (s *session) pumpLocked() {
 			s.meta.Pending = append([]sessionstore.PendingMessage{next}, s.meta.Pending...)
 			return
 		}
-		s.proc.stopIdleTimer()
-		s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: next.ClientMessageID, Continued: next.Continuation})
-		select {
-		case s.proc.turnStarted <- struct{}{}:
-		default:
-		}
-		if !s.proc.send(streamjson.UserInput(next.Text, "")) {
-			s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
-			s.proc.beginStop("exited")
-			p := s.proc
-			s.h.procs.Go(func() { p.terminate(s.h.cfg.StopGrace) })
-		}
+		s.beginTurnLocked(next)
 		return
+	}
+}
+
+// beginTurnLocked announces the stored turn t (s.meta.Turn) and writes its
+// message to the running agent.
+func (s *session) beginTurnLocked(t sessionstore.PendingMessage) {
+	s.proc.stopIdleTimer()
+	s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: t.ClientMessageID, Continued: t.Continuation})
+	select {
+	case s.proc.turnStarted <- struct{}{}:
+	default:
+	}
+	if !s.proc.send(streamjson.UserInput(t.Text, "")) {
+		s.h.log.Error("claude code stdin blocked; stopping it", "conversation", s.conv)
+		s.proc.beginStop("exited")
+		p := s.proc
+		s.h.procs.Go(func() { p.terminate(s.h.cfg.StopGrace) })
 	}
 }
 
