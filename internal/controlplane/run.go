@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/gateway"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/webui"
@@ -137,11 +139,15 @@ func Run(ctx context.Context, cfg Config, ln net.Listener) error {
 	limited := httpapi.LimitListenerFiles(ln, spend.files, "this control plane is at its connection limit; retry shortly")
 	ln = limited
 	cfg.Logger.Info("open-files budget", "limit", fds.Limit, "reserved", fds.Reserved, "sockets", fds.Sockets, "max_browser_streams", fds.MaxStreams)
-	// Check the model upstream now, so a wrong URL or a missing route shows
-	// in the log at start, not as the first turn's failure; readiness
-	// (/healthz) keeps checking.
+	// Check the model upstream now, so a wrong URL, a missing route or a
+	// refused API key shows in the log at start, not as the first turn's
+	// failure; readiness (/healthz) keeps checking.
 	if err := s.upstream.result(ctx); err != nil {
-		cfg.Logger.Error("model upstream cannot be reached: model calls fail until it can", "upstream", cfg.Upstream.Redacted(), "err", err)
+		msg := "model upstream cannot be reached: model calls fail until it can"
+		if ue, ok := errors.AsType[*gateway.UpstreamError](err); ok && ue.KeyRefused {
+			msg = "model upstream refused the API key (ANTHROPIC_API_KEY): model calls fail until it is replaced"
+		}
+		cfg.Logger.Error(msg, "upstream", cfg.Upstream.Redacted(), "err", err)
 	}
 	cfg.Logger.Info("control plane listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.Redacted())
 	// Requests do not derive from ctx (the signal context): SIGTERM must

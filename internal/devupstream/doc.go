@@ -15,6 +15,7 @@
 //
 //	POST /v1/messages               streaming ("stream": true) and not
 //	POST /v1/messages/count_tokens  {"input_tokens": N}
+//	GET /v1/models                  the one model it answers as (ModelID)
 //	GET|HEAD /api/hello             200 (the CLI's start-up pre-flight)
 //	anything else                   404 not_found_error
 //

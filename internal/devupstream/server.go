@@ -280,6 +280,8 @@ func (s *Server) route(r *http.Request) handlerFunc {
 		rt = route{[]string{http.MethodPost}, s.handleMessages}
 	case path == "/v1/messages/count_tokens":
 		rt = route{[]string{http.MethodPost}, s.handleCountTokens}
+	case path == "/v1/models":
+		rt = route{[]string{http.MethodGet}, s.handleModels}
 	case path == "/api/hello":
 		rt = route{[]string{http.MethodGet, http.MethodHead}, s.handleHello}
 	case s.admin && path == "/_dev/script":
@@ -378,6 +380,26 @@ func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request, c *ca
 		return err
 	}
 	return writeJSON(w, http.StatusOK, map[string]int{"input_tokens": req.InputTokens})
+}
+
+// handleModels lists the one model the server answers as, in the shape of
+// Anthropic's GET /v1/models (the control plane lists models to check its
+// API key: 401 authentication_error for a wrong one).
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request, c *call) error {
+	s.record(r, nil)
+	if err := s.authorize(r); err != nil {
+		return err
+	}
+	type model struct {
+		Type        string `json:"type"`
+		ID          string `json:"id"`
+		DisplayName string `json:"display_name"`
+		CreatedAt   string `json:"created_at"`
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{
+		"data":     []model{{Type: "model", ID: ModelID, DisplayName: "TalkIDE development upstream", CreatedAt: "2026-01-01T00:00:00Z"}},
+		"has_more": false, "first_id": ModelID, "last_id": ModelID,
+	})
 }
 
 func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request, c *call) error {

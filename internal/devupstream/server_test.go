@@ -58,7 +58,9 @@ func TestErrorEnvelopes(t *testing.T) {
 		status                   int
 		typ                      string
 	}{
-		{"unknown path", http.MethodGet, "/v1/models", "", auth, 404, "not_found_error"},
+		{"unknown path", http.MethodGet, "/v1/files", "", auth, 404, "not_found_error"},
+		{"models without the key", http.MethodGet, "/v1/models", "", nil, 401, "authentication_error"},
+		{"models, wrong method", http.MethodPost, "/v1/models", "", auth, 405, "invalid_request_error"},
 		{"root", http.MethodGet, "/", "", nil, 404, "not_found_error"},
 		{"prefixed path", http.MethodPost, "/conv-123/v1/messages", simpleBody("x", true), auth, 404, "not_found_error"},
 		{"admin disabled", http.MethodGet, "/_dev/requests", "", nil, 404, "not_found_error"},

@@ -172,6 +172,9 @@ type Handler struct {
 	// client that left are cut then (clientgone.go).
 	stopping context.Context
 	stop     context.CancelFunc
+	// refusal is the upstream's last refusal of the API key (keyrefused.go),
+	// nil since a call or a check went through.
+	refusal atomic.Pointer[UpstreamError]
 }
 
 // New returns the gateway-proxy.
@@ -578,6 +581,11 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	c := resp.Request.Context().Value(ctxKey{}).(*call)
+	if resp.StatusCode == http.StatusUnauthorized {
+		h.keyRefused(resp, c)
+	} else if resp.StatusCode < 300 && h.refusal.Load() != nil {
+		h.refusal.Store(nil)
+	}
 	h.m.observeUpstream(c.apiPath, time.Since(c.forwarded))
 	h.m.request(c.apiPath, resp.StatusCode)
 	hdr := resp.Header

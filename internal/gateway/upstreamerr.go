@@ -38,10 +38,16 @@ type UpstreamError struct {
 	Unreachable bool
 	// Timeout is true when the upstream did not answer in time.
 	Timeout bool
-	Err     error
+	// KeyRefused is true when the upstream answered but refused the API
+	// key (401); Cause is then its status, error type and message.
+	KeyRefused bool
+	Err        error
 }
 
 func (e *UpstreamError) Error() string {
+	if e.KeyRefused {
+		return "model upstream " + e.Upstream + " refused this platform's API key (" + e.Cause + ")"
+	}
 	return "model upstream " + e.Upstream + " cannot be reached: " + e.Cause
 }
 
@@ -139,21 +145,14 @@ func tlsReason(err error) string {
 	return s
 }
 
-// CheckUpstream reports whether the model upstream resolves and answers
-// over the gateway's own transport: any HTTP answer to a HEAD request of
-// its base URL, whatever the status, counts. Otherwise it returns an
-// *UpstreamError naming the cause. ctx bounds the check.
+// CheckUpstream reports whether the model upstream resolves, answers over
+// the gateway's own transport and takes the API key: it lists the
+// upstream's models with the key (GET /v1/models, free at Anthropic), and
+// any answer but 401 counts. Otherwise it returns an *UpstreamError naming
+// the cause: unreachable (DNS, refused, TLS, timeout), or KeyRefused with
+// the upstream's reason. ctx bounds the check.
 func (h *Handler) CheckUpstream(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, httpapi.JoinURL(h.cfg.Upstream, "/").String(), nil)
-	if err != nil {
-		return &UpstreamError{Upstream: h.cfg.Upstream.Redacted(), Cause: "invalid URL: " + err.Error(), Unreachable: true, Err: err}
-	}
-	resp, err := h.cfg.Transport.RoundTrip(req)
-	if err != nil {
-		return describeUpstreamError(h.cfg.Upstream, err)
-	}
-	resp.Body.Close()
-	return nil
+	return h.checkKey(ctx)
 }
 
 // upstreamFailed answers a call whose round trip to the upstream failed, in
