@@ -360,7 +360,16 @@ type TurnCompleted struct {
 	// NumTurns is the number of model calls of the turn.
 	NumTurns   int    `json:"num_turns"`
 	StopReason string `json:"stop_reason"`
+	// RequestIDs are the upstream's request ids of the turn's model calls
+	// (main agent and sub-agents, each once, in order; at most
+	// MaxTurnRequestIDs): what the gateway booked for each is listed by
+	// the browser API's GET /api/conversations/{id}/calls.
+	RequestIDs []string `json:"request_ids,omitempty"`
 }
+
+// MaxTurnRequestIDs bounds TurnCompleted.RequestIDs and
+// TurnFailed.RequestIDs; a turn with more calls names its first ones.
+const MaxTurnRequestIDs = 200
 
 // Reasons of TurnFailed.
 const (
@@ -386,6 +395,8 @@ type TurnFailed struct {
 	// APIErrorStatus is the HTTP status of a final API error, else 0.
 	APIErrorStatus int   `json:"api_error_status,omitempty"`
 	Usage          Usage `json:"usage"`
+	// RequestIDs are as TurnCompleted's: the calls made before it failed.
+	RequestIDs []string `json:"request_ids,omitempty"`
 }
 
 // ErrorEvent: something went wrong outside a turn's normal failure path.

@@ -49,6 +49,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	s.mux.Handle("POST /api/conversations/{id}/interrupt", h(s.interrupt))
 	s.mux.Handle("POST /api/conversations/{id}/permissions/{request_id}", h(s.answerPermission))
 	s.mux.Handle("GET /api/conversations/{id}/stream", h(s.stream))
+	s.mux.Handle("GET /api/conversations/{id}/calls", h(s.listCalls))
 	// Health: /healthz checks the database, the model upstream and the
 	// workers of TALKIDE_HEALTH_WORKERS (what an operator or `talkide run`
 	// waits for). Readiness, /readyz: this replica's database, and not

@@ -42,6 +42,7 @@ func TestConformance(t *testing.T) {
 		"WorkerRecords":    testWorkerRecords,
 		"IdentityRetiring": testIdentityRetiring,
 		"CreateUser":       testCreateUser,
+		"BookedCalls":      testBookedCalls,
 	}
 	for store, open := range openers {
 		t.Run(store, func(t *testing.T) {

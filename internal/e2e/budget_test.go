@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -122,5 +123,65 @@ func TestExpiredWorkerTokenIsRecovered(t *testing.T) {
 	got := calls.seen()
 	if len(got) < 2 || got[0] != http.StatusUnauthorized || got[1] != http.StatusOK {
 		t.Errorf("gateway calls: got %v, want 401 (expired) then 200 (fresh token)", got)
+	}
+}
+
+// TestTurnNamesItsBookedCalls guards the second stumble of issue 29: each
+// turn showed the CLI's list-price estimate while the conversation and the
+// month showed what the gateway booked, 300 times less, with nothing tying
+// the two. A turn's end names its model calls (request_ids) and the browser
+// API lists what the gateway booked for each: with the real CLI, a turn of
+// two calls (a tool call, then the answer) names both, each is booked, and
+// their sum is what the conversation was charged.
+func TestTurnNamesItsBookedCalls(t *testing.T) {
+	p := platformtest.Start(t, platformtest.Options{})
+	conv := p.NewConversation()
+	s := p.OpenStream(conv, 0)
+	p.Send(conv, "please run `echo booked`")
+	end := s.Until(90*time.Second, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
+		t.Fatalf("got %s %s, want turn_completed", end.Type, end.Data)
+	}
+	done := platformtest.Payload[contract.TurnCompleted](t, end)
+	if len(done.RequestIDs) < 2 {
+		t.Fatalf("request_ids %v, want the turn's two calls at least", done.RequestIDs)
+	}
+	q := url.Values{"request_id": done.RequestIDs}
+	var booked struct {
+		Calls []struct {
+			RequestID     string `json:"request_id"`
+			BookedNanoUSD int64  `json:"booked_nano_usd"`
+			Outcome       string `json:"outcome"`
+		} `json:"calls"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		booked.Calls = nil
+		if st := p.Do("GET", "/api/conversations/"+conv+"/calls?"+q.Encode(), nil, &booked); st != http.StatusOK {
+			t.Fatalf("calls: %d", st)
+		}
+		if len(booked.Calls) == len(done.RequestIDs) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // a call settles just after its answer
+	}
+	if len(booked.Calls) != len(done.RequestIDs) {
+		t.Fatalf("booked calls %+v, want one for each of %v", booked.Calls, done.RequestIDs)
+	}
+	var sum int64
+	for _, c := range booked.Calls {
+		if c.BookedNanoUSD <= 0 || c.Outcome != "complete" {
+			t.Errorf("call %+v: want a complete call booked above zero", c)
+		}
+		sum += c.BookedNanoUSD
+	}
+	var got struct {
+		SpentNanoUSD int64 `json:"spent_nano_usd"`
+	}
+	if st := p.Do("GET", "/api/conversations/"+conv, nil, &got); st != http.StatusOK {
+		t.Fatalf("conversation: %d", st)
+	}
+	if got.SpentNanoUSD != sum {
+		t.Errorf("the conversation was charged %d nano-USD, its turn's calls were booked %d", got.SpentNanoUSD, sum)
 	}
 }

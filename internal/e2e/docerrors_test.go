@@ -119,6 +119,7 @@ func TestDocumentedErrors(t *testing.T) {
 		meEP     = "GET /api/me"
 		list     = "GET /api/conversations"
 		rename   = "PATCH /api/conversations/{id}"
+		calls    = "GET /api/conversations/{id}/calls"
 	)
 	demo := `{"tenant":"demo","env":"dev"}`
 	browserProbes := []probe{
@@ -149,6 +150,11 @@ func TestDocumentedErrors(t *testing.T) {
 		{get, "no token", 401, browser("", "GET", convPath, "", "")},
 		{get, "another user's conversation", 404, browser("tk_mallory", "GET", convPath, "", "")},
 		{get, "unknown conversation", 404, browser(me, "GET", "/api/conversations/nope", "", "")},
+		{calls, "no token", 401, browser("", "GET", convPath+"/calls?request_id=req_1", "", "")},
+		{calls, "no request id", 400, browser(me, "GET", convPath+"/calls", "", "")},
+		{calls, "malformed request id", 400, browser(me, "GET", convPath+"/calls?request_id=req%2F1", "", "")},
+		{calls, "another parameter", 400, browser(me, "GET", convPath+"/calls?request_id=req_1&after=2", "", "")},
+		{calls, "another user's conversation", 404, browser("tk_mallory", "GET", convPath+"/calls?request_id=req_1", "", "")},
 		{del, "no token", 401, browser("", "DELETE", convPath, "", "")},
 		{del, "another user's conversation", 404, browser("tk_mallory", "DELETE", convPath, "", "")},
 		{messages, "no token", 401, browser("", "POST", convPath+"/messages", json, `{"text":"hi"}`)},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +38,9 @@ type process struct {
 	// Fields below are guarded by the owning session's mu.
 	announced bool   // session_started emitted
 	apiError  string // text of a synthetic API error message of the turn
+	// requests are the upstream request ids of the turn's model calls
+	// (contract.TurnCompleted.RequestIDs).
+	requests  []string
 	idle      *time.Timer
 	interrupt *time.Timer // kills the process if an interrupted turn does not end
 	// lastActive is when the process last finished a turn (or started).
@@ -107,6 +111,14 @@ func (p *process) writeNowLocked(b []byte) int {
 		return true // one try: a full pipe is the writer's to wait on
 	})
 	return n
+}
+
+// noteRequest records the request id of a model call of the turn, once.
+func (p *process) noteRequest(id string) {
+	if id == "" || len(p.requests) >= contract.MaxTurnRequestIDs || slices.Contains(p.requests, id) {
+		return
+	}
+	p.requests = append(p.requests, id)
 }
 
 // attachStdin lets send write to stdin, the pipe to the CLI's stdin,

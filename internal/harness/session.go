@@ -304,6 +304,9 @@ func (s *session) handle(p *process, m streamjson.Message) {
 		}
 	case *streamjson.Assistant:
 		parent := parentOf(m.ParentToolUseID)
+		if s.meta.Turn != nil {
+			p.noteRequest(m.RequestID)
+		}
 		if m.IsAPIErrorMessage {
 			if parent == "" { // a sub-agent's failure reaches the main agent as its Agent call's result
 				p.apiError = joinText(m.Message.Blocks())
@@ -383,10 +386,10 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 		s.emitLocked(contract.EventTurnCompleted, contract.TurnCompleted{
 			ClientMessageID: msgID, Result: r.Result, Usage: usage,
 			CostNanoUSD: int64(math.Round(turnCost * 1e9)), DurationMS: r.DurationMS,
-			NumTurns: r.NumTurns, StopReason: r.StopReason,
+			NumTurns: r.NumTurns, StopReason: r.StopReason, RequestIDs: p.requests,
 		})
 	} else {
-		f := contract.TurnFailed{ClientMessageID: msgID, Usage: usage, Message: r.Result}
+		f := contract.TurnFailed{ClientMessageID: msgID, Usage: usage, Message: r.Result, RequestIDs: p.requests}
 		switch {
 		case r.TerminalReason == "api_error" || r.APIErrorStatus != nil:
 			f.Reason = contract.FailAPIError
@@ -413,7 +416,7 @@ func (s *session) finishTurnLocked(p *process, r *streamjson.Result) {
 		}
 		s.emitLocked(contract.EventTurnFailed, f)
 	}
-	p.apiError = ""
+	p.apiError, p.requests = "", nil
 	p.lastActive = time.Now()
 	p.stopInterruptTimer()
 	s.endPermissionsLocked()
@@ -487,7 +490,7 @@ func (s *session) exited(p *process) {
 	}
 	if s.meta.Turn != nil {
 		f := contract.TurnFailed{ClientMessageID: s.meta.Turn.ClientMessageID, Reason: contract.FailProcessExited,
-			Message: fmt.Sprintf("the agent process ended (exit code %d) before the turn finished", p.exitCode)}
+			Message: fmt.Sprintf("the agent process ended (exit code %d) before the turn finished", p.exitCode), RequestIDs: p.requests}
 		switch reason {
 		case "stopped", "shutdown":
 			f.Reason = contract.FailInterrupted

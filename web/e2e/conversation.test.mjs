@@ -19,13 +19,23 @@ test("send a message and see the tool call, its result, the turn's cost and the 
   await call.locator(".tool-out").getByText("hello-from-the-browser").waitFor({ timeout: TURN_TIMEOUT });
   await turnsCompleted(page, 1);
   await shot(page, "tool call with its output and the turn's cost");
-  const cost = await page.getByTestId("turn-cost").first().innerText();
-  assert.match(cost, /^≈\$\d+\.\d+ est\.$/, "the turn shows the agent's estimate, marked as one");
+  // The turn shows what the gateway booked for its model calls: what the
+  // conversation was charged, as the list shows it.
+  const costEl = page.getByTestId("turn-cost").first();
+  await until(async () => (await costEl.getAttribute("data-booked")) === "true", { timeout: TURN_TIMEOUT, message: "the turn's booked cost" });
+  const cost = await costEl.innerText();
+  assert.match(cost, /^\$\d+\.\d+ booked$/, "the turn shows what the gateway booked");
+  assert.match(await costEl.getAttribute("title"), /the agent's own list-price estimate was ≈\$/i, "the agent's estimate stays at hand");
 
-  // The list shows it, titled by the first message; the spend moved (the
-  // gateway books the turn's model calls; it is read again after each turn).
+  // The list shows it, titled by the first message, with the same spend;
+  // the month's spend moved (read again after each turn).
   const nav = page.getByRole("navigation", { name: "Conversations" });
-  await nav.getByRole("link", { name: /hello-from-the-browser/ }).waitFor();
+  const link = nav.getByRole("link", { name: /hello-from-the-browser/ });
+  await link.waitFor();
+  await until(async () => (await link.locator(".conv-spend").count()) > 0 && (await link.locator(".conv-spend").innerText()) === cost.replace(" booked", ""), {
+    timeout: TURN_TIMEOUT,
+    message: `the conversation's spend in the list to be the turn's ${cost}`,
+  });
   await until(async () => (await spendText(page)) !== spendBefore, { timeout: TURN_TIMEOUT, message: "the spend to change after a turn" });
   await shot(page, "spend moved");
 

@@ -9,6 +9,7 @@ import { contextOnly, fileEdits, lineDiff } from "../src/lib/diff.js";
 import { parseBlocks, parseInline } from "../src/lib/markdown.js";
 import { apply, isBudgetRefusal, newTimeline, pendingPermissions } from "../src/lib/timeline.js";
 import { visible } from "../src/lib/format.js";
+import { readBooked, sumBooked, turnCost } from "../src/lib/booked.js";
 
 test("SSE: events across chunk boundaries, CRLF, comments and multi-line data", () => {
   const got = [];
@@ -130,4 +131,37 @@ test("timeline: a call cut by an interrupt is stopped, a denied one failed", () 
   ].forEach((e) => apply(tl, e));
   assert.equal(tl.tools.get("t1").result.interrupted, true);
   assert.equal(tl.tools.get("t2").result.interrupted, false);
+});
+
+test("booked cost: a turn shows what its calls were booked, read again until all are", async () => {
+  const ids = ["req_a", "req_b"];
+  const answers = [
+    { calls: [{ request_id: "req_a", booked_nano_usd: 300000 }] },
+    { calls: [{ request_id: "req_a", booked_nano_usd: 300000 }, { request_id: "req_b", booked_nano_usd: 200000 }, { request_id: "req_x", booked_nano_usd: 9 }] },
+  ];
+  const seen = [];
+  const waits = [];
+  await readBooked("c-test", ids, (s) => seen.push(s), {
+    read: async () => answers.shift(),
+    sleep: async (ms) => waits.push(ms),
+  });
+  assert.deepEqual(seen, [
+    { nano: 300000, booked: 1, total: 2 },
+    { nano: 500000, booked: 2, total: 2 },
+  ]);
+  assert.equal(waits.length, 1, "read again once, after the first delay");
+  let reads = 0;
+  await readBooked("c-test", ids, (s) => seen.push(s), { read: async () => reads++ });
+  assert.equal(reads, 0, "a turn booked whole is not read again");
+
+  const item = { cost: 110000000, requestIds: ids };
+  const c = turnCost(item, seen.at(-1));
+  assert.equal(c.label, "$0.0005 booked");
+  assert.equal(c.booked, true);
+  assert.match(c.title, /2 model calls.*≈\$0\.11/);
+  assert.equal(turnCost(item, { nano: 300000, booked: 1, total: 2 }).label, "$0.0003 booked (1 of 2 calls)");
+  assert.equal(turnCost(item, null).label, "booking…");
+  assert.equal(turnCost(item, { error: "offline" }).label, "≈$0.110 est.", "an unread booking falls back to the estimate");
+  assert.equal(turnCost({ cost: 110000000, requestIds: [] }, null).label, "≈$0.110 est.", "a turn that names no calls shows the estimate");
+  assert.deepEqual(sumBooked(null, ids), { nano: 0, booked: 0, total: 2 });
 });

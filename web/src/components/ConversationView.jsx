@@ -165,7 +165,7 @@ export function ConversationView(props) {
   const answer = useCallback((requestId, behavior, message) => api("POST", paths.permission(id, requestId), message ? { behavior, message } : { behavior }), [id]);
   const workDir = tl.workDir || (meta && meta.worker && meta.worker.work_dir) || "";
   const resend = useCallback((text) => send(text), [send]);
-  const ctx = useMemo(() => ({ answer, budget, workDir, resend }), [answer, budget, workDir, resend]);
+  const ctx = useMemo(() => ({ conv: id, answer, budget, workDir, resend }), [id, answer, budget, workDir, resend]);
 
   // Follow the newest output unless the reader scrolled up.
   useLayoutEffect(() => {

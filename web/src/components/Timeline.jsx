@@ -2,6 +2,7 @@ import { Component } from "preact";
 import { useState } from "preact/hooks";
 import { fileEdits } from "../lib/diff.js";
 import { duration, oneLine, tokens, usdFromNano, usdString, visible } from "../lib/format.js";
+import { turnCost, useBooked } from "../lib/booked.js";
 import { useNow } from "../lib/hooks.js";
 import { Diff } from "./Diff.jsx";
 import { Markdown } from "./Markdown.jsx";
@@ -30,7 +31,7 @@ export class ItemView extends Component {
       case "build":
         return <BuildCard item={item} />;
       case "turn-end":
-        return <TurnEnd item={item} />;
+        return <TurnEnd item={item} ctx={ctx} />;
       case "failed":
         return <TurnFailed item={item} ctx={ctx} />;
       case "notice":
@@ -433,19 +434,16 @@ export function BuildCard({ item }) {
 
 // --- turn ends --------------------------------------------------------
 
-export function TurnEnd({ item }) {
+export function TurnEnd({ item, ctx }) {
   const u = item.usage || {};
   const input = (u.input_tokens || 0) + (u.cache_creation_input_tokens || 0) + (u.cache_read_input_tokens || 0);
+  const cost = turnCost(item, useBooked(ctx && ctx.conv, item.requestIds));
   return (
     <div class="turn-end" data-event-id={item.id} role="note" aria-label="Turn completed">
       <span class="rule" aria-hidden="true" />
       <span class="turn-info">
-        <span
-          class="turn-cost"
-          data-testid="turn-cost"
-          title="The agent's own estimate of this turn at list price for the model it asked for. Your budget is charged what the gateway books for each model call: the conversation's spend in the list and the month's spend below it."
-        >
-          ≈{usdFromNano(item.cost)} est.
+        <span class="turn-cost" data-testid="turn-cost" data-booked={cost.booked ? "true" : undefined} title={cost.title}>
+          {cost.label}
         </span>
         <span title={`${input} input tokens (${u.cache_read_input_tokens || 0} from cache), ${u.output_tokens || 0} output tokens`}>
           {tokens(input)} in · {tokens(u.output_tokens)} out

@@ -94,6 +94,7 @@ export const paths = {
   interrupt: (id) => `/api/conversations/${enc(id)}/interrupt`,
   permission: (id, rid) => `/api/conversations/${enc(id)}/permissions/${enc(rid)}`,
   stream: (id) => `/api/conversations/${enc(id)}/stream`,
+  calls: (id, requestIds) => `/api/conversations/${enc(id)}/calls?` + requestIds.map((r) => "request_id=" + enc(r)).join("&"),
   issues: (tenant, env, before) => `/api/tenants/${enc(tenant)}/envs/${enc(env)}/issues?limit=50` + (before ? "&before=" + before : ""),
   issue: (tenant, env, n) => `/api/tenants/${enc(tenant)}/envs/${enc(env)}/issues/${n}`,
 };

@@ -135,7 +135,16 @@ export function apply(tl, ev) {
       tl.open.clear();
       // A turn's pending permission requests end with it.
       if (ev.type === "turn_completed") {
-        add(tl, { ...base, kind: "turn-end", cmid, usage: d.usage || {}, cost: d.cost_nano_usd || 0, durationMs: d.duration_ms || 0, numTurns: d.num_turns || 0 });
+        add(tl, {
+          ...base,
+          kind: "turn-end",
+          cmid,
+          usage: d.usage || {},
+          cost: d.cost_nano_usd || 0,
+          durationMs: d.duration_ms || 0,
+          numTurns: d.num_turns || 0,
+          requestIds: d.request_ids || [],
+        });
       } else {
         add(tl, {
           ...base,
@@ -147,6 +156,7 @@ export function apply(tl, ev) {
           text: (tl.users.get(cmid) || {}).text || "",
           budget: isBudgetRefusal(d),
           usage: d.usage || {},
+          requestIds: d.request_ids || [],
         });
       }
       break;
