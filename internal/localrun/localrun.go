@@ -257,6 +257,7 @@ TalkIDE is running.
   State and logs:     %[6]s
   Metrics token:      %[7]s   (GET /metrics: Authorization: Bearer <token>)
   Another user:       %[8]s   (prints their URL and token)
+  Permissions:        %[9]s
 
 Try it from a shell:
   T=%[2]s
@@ -266,9 +267,25 @@ Try it from a shell:
   curl -sN -H "Authorization: Bearer $T" %[1]s/api/conversations/$C/stream
 
 Stop with Ctrl-C.
-`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote, addUserCommand(cfg.StateDir, cfg.BinDir))
+`, cpURL, userToken, cfg.Tenant, cfg.Env, upstreamNote, cfg.StateDir, metricsNote, addUserCommand(cfg.StateDir, cfg.BinDir), permissionNote(cfg.ExtraEnv))
 	<-done
 	return nil
+}
+
+// permissionNote says in the banner whether the agent asks before each
+// shell command, and how to have it ask: by the policy extraEnv sets
+// (TALKIDE_PERMISSION_POLICY), the worker's default (allow) otherwise.
+func permissionNote(extraEnv []string) string {
+	policy := ""
+	for _, kv := range extraEnv {
+		if v, ok := strings.CutPrefix(kv, "TALKIDE_PERMISSION_POLICY="); ok {
+			policy = v
+		}
+	}
+	if policy == "ask" {
+		return "every shell command waits for your Allow or Deny in the page (TALKIDE_PERMISSION_POLICY=ask)"
+	}
+	return "commands run in the agent's jail without asking; `TALKIDE_PERMISSION_POLICY=ask make run` asks you first"
 }
 
 // addUserCommand is the command line that adds a user to this run: with

@@ -45,6 +45,11 @@ func TestRunServesTheREADMEExample(t *testing.T) {
 	if add := "TALKIDE_STATE_DIR=" + state + " " + filepath.Join(bin, "talkide") + " user add NAME   (prints"; !strings.Contains(out.String(), add) {
 		t.Errorf("banner's add-user line is not %q: %q", add, out.String())
 	}
+	// The banner says how to meet permission requests (the default policy
+	// asks nothing).
+	if !strings.Contains(out.String(), "Permissions:        commands run in the agent's jail without asking; `TALKIDE_PERMISSION_POLICY=ask make run` asks you first") {
+		t.Errorf("banner does not say how to be asked for permission: %q", out.String())
+	}
 	base := "http://" + addr
 	call := func(method, path, body string) (int, []byte) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
@@ -422,6 +427,23 @@ func TestWorkerWithADeadIdentityIsNotRestarted(t *testing.T) {
 // A serving process ended from outside comes back at once however often
 // it happens (the issue 28 chaos run waited 8–11 s after repeated worker
 // kills); only a process that keeps ending at its start backs off.
+// TestPermissionNote: the banner names the policy the run's environment
+// sets, the last setting winning as in the worker's environment.
+func TestPermissionNote(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, "without asking; `TALKIDE_PERMISSION_POLICY=ask make run` asks you first"},
+		{[]string{"TALKIDE_PERMISSION_POLICY=ask"}, "every shell command waits for your Allow or Deny"},
+		{[]string{"TALKIDE_PERMISSION_POLICY=ask", "TALKIDE_PERMISSION_POLICY=allow"}, "without asking"},
+	} {
+		if got := permissionNote(tc.env); !strings.Contains(got, tc.want) {
+			t.Errorf("permissionNote(%q) = %q, want it to say %q", tc.env, got, tc.want)
+		}
+	}
+}
+
 func TestRestartDelay(t *testing.T) {
 	var d time.Duration
 	for i := range 6 {
