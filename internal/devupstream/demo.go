@@ -219,7 +219,7 @@ func quoteResults(msgs []Message, results []Block) string {
 		if n := names[r.ToolUseID]; n != "" && n != "Bash" {
 			subject = "The tool " + n
 		}
-		out := truncate(strings.TrimSpace(r.ResultText), maxQuoted)
+		out := truncate(strings.TrimSpace(withoutCLIHints(r.ResultText)), maxQuoted)
 		if n := names[r.ToolUseID]; (n == SubagentToolName || n == "Task") && !r.IsError {
 			parts = append(parts, "The subagent reported:\n\n"+truncate(subagentReport(r.ResultText), maxQuoted))
 			continue
@@ -235,6 +235,27 @@ func quoteResults(msgs []Message, results []Block) string {
 	}
 	return strings.Join(parts, "\n\n")
 }
+
+// withoutCLIHints is a tool result without the paragraphs Claude Code
+// appends to it for the model: to an error of a deferred (MCP) tool called
+// before its schema was loaded, "This tool's input schema was not in your
+// prompt when you called it. The input schema is: {…}" and advice ending
+// "call ToolSearch with query …" (2.1.332). They are words to the model,
+// not the tool's output, and the demo quotes only the output.
+func withoutCLIHints(s string) string {
+	if i := strings.Index(s, cliSchemaHint); i >= 0 {
+		s = s[:i]
+	}
+	paras := strings.Split(strings.TrimRight(s, "\n"), "\n\n")
+	for len(paras) > 1 && strings.Contains(paras[len(paras)-1], "ToolSearch") {
+		paras = paras[:len(paras)-1]
+	}
+	return strings.Join(paras, "\n\n")
+}
+
+// cliSchemaHint opens the paragraph the CLI appends to a deferred tool's
+// error.
+const cliSchemaHint = "This tool's input schema was not in your prompt when you called it."
 
 // mentionsSubagent reports whether a prompt asks for a sub-agent.
 func mentionsSubagent(text string) bool {

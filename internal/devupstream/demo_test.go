@@ -138,6 +138,23 @@ func TestDemoResponder(t *testing.T) {
 			want: text("The command failed:\n\nExit code 1\nboom"),
 		},
 		{
+			// The issue-29 stumble: the CLI appends advice for the model to
+			// an error of a deferred tool; the demo quotes the tool alone.
+			name:  "tool error with the CLI's advice appended",
+			tools: cliTools,
+			msgs: []string{`{"role":"user","content":"run the tests"}`,
+				`{"role":"assistant","content":[{"type":"tool_use","id":"toolu_b","name":"mcp__talkide-build__run_build","input":{"tasks":["test"]}}]}`,
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_b","is_error":true,"content":"BUILD FAILED (exit code 1)\n\nBUILD FAILED in 7s\n3 actionable tasks: 3 executed\n\nThis tool's input schema was not in your prompt when you called it. The input schema is: {\"type\":\"object\"}\nIf your input does not match this schema, correct it and call the tool again. If the corrected call fails the same way, call ToolSearch with query \"select:mcp__talkide-build__run_build\" to load the tool, then call it again."}]}`},
+			want: text("The tool mcp__talkide-build__run_build failed:\n\nBUILD FAILED (exit code 1)\n\nBUILD FAILED in 7s\n3 actionable tasks: 3 executed"),
+		},
+		{
+			name:  "advice naming ToolSearch at the end of a result",
+			tools: cliTools,
+			msgs: []string{"{\"role\":\"user\",\"content\":\"run `false`\"}", toolUse,
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"Exit code 1\nboom\n\nCall Bash instead, loading it first with ToolSearch query \"select:Bash\" if it is not loaded yet.","is_error":true}]}`},
+			want: text("The command failed:\n\nExit code 1\nboom"),
+		},
+		{
 			name:  "tool result of another tool",
 			tools: cliTools,
 			msgs: []string{`{"role":"user","content":"file an issue: x"}`,

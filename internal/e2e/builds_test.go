@@ -30,8 +30,14 @@ func TestAgentRunsTheSampleProjectsTests(t *testing.T) {
 	conv := p.NewConversationFrom("java-calculator")
 	stream := p.OpenStream(conv, 0)
 	p.Send(conv, "run the tests")
-	if end := stream.Until(5*time.Minute, platformtest.TurnEnd); end.Type != contract.EventTurnCompleted {
+	end := stream.Until(5*time.Minute, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
 		t.Fatalf("build turn ended with %s: %s", end.Type, end.Data)
+	}
+	// The demo's answer quotes the build, not the advice the CLI appends
+	// for the model ("call ToolSearch with query …").
+	if answer := platformtest.Payload[contract.TurnCompleted](t, end).Result; strings.Contains(answer, "ToolSearch") || !strings.Contains(answer, "expected:<8> but was:<4>") {
+		t.Errorf("the answer quotes the CLI's internal advice or not the build:\n%s", answer)
 	}
 	var started contract.BuildStarted
 	var done contract.BuildCompleted
