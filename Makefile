@@ -32,12 +32,20 @@ SDK_TS_STAMP := $(SDK_TS_DIR)/node_modules/.installed-$(shell sha256sum $(SDK_TS
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
 
-.PHONY: run test tools build vet fmt-check clean chaos web sdk-ts
+.PHONY: run test check help fuzz tools build vet fmt-check clean chaos web sdk-ts
+.DEFAULT_GOAL := help
 
-## tools: install the pinned Claude Code CLI into .tools/ (git-ignored),
-## bubblewrap, which jails each agent, Gradle with JUnit 4, which the local
-## build runner runs, and Chromium, which the browser tests drive (Debian's
-## packages; as root via apt-get)
+## help: list the targets, one line each (plain `make` does this)
+help:
+	@echo "TalkIDE: make run starts the platform on this machine, make test runs every test (README.md)."
+	@awk 'FNR == NR { if (match($$0, /^[a-z][a-z0-9-]*:/)) rule[substr($$0, 1, RLENGTH - 1)] = 1; next } \
+		/^## [a-z][a-z0-9-]*: / { name = $$2; sub(/:$$/, "", name); if (name in rule) { text = $$0; sub(/^## [a-z0-9-]*: /, "", text); printf "  %-14s %s\n", name, text } }' \
+		$(firstword $(MAKEFILE_LIST)) $(firstword $(MAKEFILE_LIST))
+
+## tools: install the pinned Claude Code CLI, bubblewrap, Gradle and Chromium (once)
+## The CLI goes into .tools/ (git-ignored); bubblewrap jails each agent, Gradle
+## with JUnit 4 is the local build runner, Chromium is what the browser tests
+## drive (Debian's packages; as root via apt-get).
 tools: $(CLAUDE_STAMP) bwrap gradle chromium
 
 .PHONY: bwrap
@@ -92,9 +100,9 @@ $(CLAUDE_STAMP):
 		{ echo "installed Claude Code CLI is $$v, want $(CLAUDE_CODE_VERSION)" >&2; exit 1; }
 	touch $@
 
-## web: bundle the browser UI (web/src) into internal/webui/dist, which the
-## control plane embeds; installs its npm packages first when
-## web/package-lock.json changed (web/node_modules, git-ignored)
+## web: bundle the browser UI (web/src) into internal/webui/dist
+## The control plane embeds it; its npm packages are installed first when
+## web/package-lock.json changed (web/node_modules, git-ignored).
 web: $(WEB_STAMP)
 	@echo "bundling the browser UI (web/src into internal/webui/dist)"
 	@node web/build.mjs
@@ -105,9 +113,9 @@ $(WEB_STAMP):
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-## sdk-ts: install the pinned official Anthropic TypeScript SDK, which
-## internal/gateway's tests drive through the gateway-proxy with Node
-## ($(SDK_TS_DIR)/node_modules, git-ignored)
+## sdk-ts: install the pinned Anthropic TypeScript SDK the gateway's tests drive
+## internal/gateway's tests drive it through the gateway-proxy with Node
+## ($(SDK_TS_DIR)/node_modules, git-ignored).
 sdk-ts: $(SDK_TS_STAMP)
 
 $(SDK_TS_STAMP):
@@ -124,9 +132,10 @@ build: web
 run: tools web build
 	$(BIN)/talkide run
 
-## test: every test, with the race detector, against the real CLI, PostgreSQL
-## and the test cluster (built first by cluster-bins); the chart tests use the
-## pinned Helms (helm) and the images (images)
+## test: the whole suite, with the race detector (what CI runs; .ci/run)
+## Against the real CLI, PostgreSQL, the test cluster (built first by
+## cluster-bins), Chromium; the chart tests use the pinned Helms (helm) and
+## the images (images).
 test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
 	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
 	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
@@ -134,6 +143,22 @@ test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
 	$(GO) test -race -count=1 -timeout 30m ./...
 	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
+## check: the fast lane: vet, gofmt, tidy and every test without cluster, CLI or browser
+## `go test -short`: the tests that need the test cluster, the real Claude Code
+## CLI or Chromium say so and are left to `make test` (internal/testlane); about
+## 2 minutes warm on 2 cores (docs/testing.md). `make test` stays the whole
+## suite and is what CI runs.
+check: tools web sdk-ts vet fmt-check tidy-check
+	$(GO) test -short -count=1 ./...
+
+## fuzz: run every fuzz target for FUZZTIME (default 10s) and print its executions
+## scripts/fuzz finds the FuzzXxx functions, runs each with `go test -fuzz` and
+## ends with one line; a failing input is kept in the package's testdata/fuzz/.
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) run ./scripts/fuzz -fuzztime $(FUZZTIME)
+
+## vet: go vet ./...
 vet:
 	$(GO) vet ./...
 
@@ -145,8 +170,8 @@ tidy-check:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
 
-## helm: build the pinned Helm 4 and Helm 3 from the Go module proxy into
-## .cache/tools/helm-<version>/ (git-ignored; about 3.5 minutes each the first time)
+## helm: build the pinned Helm 4 and Helm 3 into .cache/tools/ (once per version)
+## From the Go module proxy into .cache/tools/helm-<version>/ (git-ignored).
 .PHONY: helm
 helm: $(HELM) $(HELM3)
 
@@ -157,19 +182,20 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
 
-## images: build the OCI images talkide-controlplane, talkide-worker and
-## talkide-builder-gradle, reproducibly and without a daemon, into .cache/images/
+## images: build the three OCI images into .cache/images/, without a daemon
+## talkide-controlplane, talkide-worker and talkide-builder-gradle, reproducibly
 ## (docs/images.md); the Debian bases of the worker and the builder are made once
-## with debootstrap (root) and cached. Ends with one line per
-## image: image NAME@sha256:DIGEST PATH (PATH: its OCI image layout)
+## with debootstrap (root) and cached. Ends with one line per image:
+## `image NAME@sha256:DIGEST PATH` (PATH: its OCI image layout).
 .PHONY: images
 images: tools web
 	@echo "building the three container images into .cache/images/ (about a minute; the first time also the Debian bases of the worker and the Gradle builder with debootstrap, 2 to 3 minutes each)"
 	@nice -n 10 $(GO) run ./scripts/images
 
-## cluster-bins: build the test cluster's binaries from the Go module proxy into
-## .cache/k8s/<versions>/ and the real node's into .cache/k8s/node-<versions>/
-## (git-ignored); a no-op while the versions are unchanged
+## cluster-bins: build the test cluster's and the real node's binaries (once per version)
+## From the Go module proxy into .cache/k8s/<versions>/ and
+## .cache/k8s/node-<versions>/ (git-ignored); a no-op while the versions are
+## unchanged.
 .PHONY: cluster-bins cluster cluster-down cluster-demo node-tools
 cluster-bins: $(K8S_BIN_DIR)/.stamp $(NODE_BIN_DIR)/.stamp
 
@@ -183,10 +209,9 @@ $(NODE_BIN_DIR)/.stamp: | node-tools $(K8S_BIN_DIR)/.stamp
 	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; about 7 minutes after the cluster's binaries (their build cache is shared), 20 on its own. This is normal."
 	nice -n 10 $(GO) run ./scripts/cluster node-bins
 
-## node-tools: Debian's packages the real node needs to build and run (as
-## root via apt-get): libseccomp-dev (runc), iptables and conntrack
-## (kube-proxy), bindfs and fuse3 (the NFS stand-in), busybox-static (a
-## test image)
+## node-tools: install Debian's packages the real node needs (as root)
+## Via apt-get: libseccomp-dev (runc), iptables and conntrack (kube-proxy),
+## bindfs and fuse3 (the NFS stand-in), busybox-static (a test image).
 node-tools:
 	@missing=""; for c in iptables:iptables conntrack:conntrack bindfs:bindfs fusermount3:fuse3 busybox:busybox-static; do \
 		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
@@ -199,59 +224,64 @@ node-tools:
 			echo "the test cluster's real node needs Debian's$$missing: install them as root (apt-get install$$missing)" >&2; exit 1; \
 		fi; }
 
-## cluster: start the test cluster in the background, with a real node beside
-## the kwok nodes when run as root (kubelet, containerd, runc; the images of
-## `make images` loaded), and print KUBECONFIG=<path> (its kubectl is in
-## $(K8S_BIN_DIR)); cluster-down stops it and leaves nothing behind
+## cluster: start the test cluster in the background and print KUBECONFIG=<path>
+## With a real node beside the kwok nodes when run as root (kubelet,
+## containerd, runc; the images of `make images` loaded); its kubectl is in
+## $(K8S_BIN_DIR).
 cluster: cluster-bins
 	@$(GO) run ./scripts/cluster up
 
+## cluster-down: stop the test cluster and leave nothing of it behind
 cluster-down:
 	@$(GO) run ./scripts/cluster down
 
-## cluster-demo: the operator's path on this machine, in one command: builds
-## what is missing, starts the test cluster with its real node (root), loads
-## the images of `make images`, installs the chart (the development upstream
-## standing in for Anthropic), provisions tenant demo/dev on the real node and
-## prints KUBECONFIG=<path> and URL=<address>#token=<token>; make cluster-down
-## removes all of it
+## cluster-demo: the operator's path in one command: cluster, chart, a tenant, its URL
+## Builds what is missing, starts the test cluster with its real node (root),
+## loads the images of `make images`, installs the chart (the development
+## upstream standing in for Anthropic), provisions tenant demo/dev on the real
+## node and prints KUBECONFIG=<path> and URL=<address>#token=<token>; make
+## cluster-down removes all of it.
 cluster-demo: cluster-bins images helm
 	@$(GO) run ./scripts/cluster demo -helm $(HELM)
 
+## clean: remove bin/, the one-machine run's state (.talkide) and the bundled UI
 clean:
 	rm -rf $(BIN) .talkide
 	find internal/webui/dist -mindepth 1 ! -name NOT-BUILT.txt -delete
 
-## chaos: the worker crash test, longer (KILLS SIGKILLs of the worker; default 200)
+## chaos: the crash test, longer (KILLS SIGKILLs, default 200)
 KILLS ?= 200
 chaos: tools
 	set -o pipefail; $(GO) test -count=1 -timeout 120m -run TestChaos ./internal/chaos -chaos.kills=$(KILLS) -v \
 		| grep -E --line-buffered '^(chaos |--- |FAIL|ok|\s+chaos_test)'
 
-## bench-gateway: what the gateway-proxy adds in latency and throughput, direct vs
-## through it, on SQLite and PostgreSQL (docs/benchmarks.md); BENCH_FLAGS=-h lists options
+## bench-gateway: what the gateway-proxy adds to a model call (latency, throughput)
+## Direct vs through it, on SQLite and PostgreSQL (docs/benchmarks.md);
+## BENCH_FLAGS=-h lists options.
 .PHONY: bench-gateway
 bench-gateway:
 	$(GO) run ./scripts/bench-gateway $(BENCH_FLAGS)
 
-## bench-fanout: browser streams of control-plane processes: how many one holds,
-## bytes per stream, event latency for 1,000 conversations x 10 viewers and for one
-## conversation x 10,000 viewers, against direct readers (docs/benchmarks.md; about 30 s)
+## bench-fanout: browser streams per control-plane process and their latency (30 s)
+## How many one holds, bytes per stream, event latency for 1,000 conversations
+## x 10 viewers and for one conversation x 10,000 viewers, against direct
+## readers (docs/benchmarks.md).
 .PHONY: bench-fanout
 bench-fanout:
 	$(GO) run ./scripts/bench-fanout $(BENCH_FLAGS)
 
 ## bench-jail: what agent containment adds to starting an agent process
-## (plain vs jailed, alternating; needs root and bwrap)
+## Plain vs jailed, alternating; needs root and bwrap.
 .PHONY: bench-jail
 bench-jail: bwrap
 	$(GO) run ./scripts/bench-jail $(BENCH_FLAGS)
 
-## bench-worker: the worker at scale: 100,000 idle conversations, 200 active
-## stand-in agents, per-turn overhead against the direct CLI (docs/benchmarks.md,
-## "bench-worker"; needs root, bwrap and the pinned CLI of `make tools`; about
-## 8 minutes). Not `tools` as a prerequisite: a worktree's fresh version.txt
-## would look newer than a shared .tools/ and reinstall the CLI under others.
+## bench-worker: the worker at scale: idle, active and per-turn figures (8 min)
+## 100,000 idle conversations, 200 active stand-in agents, per-turn overhead
+## against the direct CLI (docs/benchmarks.md, "bench-worker"; needs root, bwrap
+## and the pinned CLI of `make tools`). Not `tools` as a prerequisite: a
+## worktree's fresh version.txt would look newer than a shared .tools/ and
+## reinstall the CLI under others.
 .PHONY: bench-worker
 bench-worker: bwrap
 	$(GO) run ./scripts/bench-worker $(BENCH_FLAGS)

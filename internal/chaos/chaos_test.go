@@ -30,6 +30,7 @@ import (
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -63,6 +64,7 @@ func start(t *testing.T) *platform { return startWith(t, 0) }
 // behind a round-robin proxy.
 func startWith(t *testing.T, replicas int) *platform {
 	t.Helper()
+	testlane.NeedsCLI(t)
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

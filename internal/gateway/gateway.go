@@ -429,35 +429,16 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, apiPath string, 
 	if apiPath != "/v1/messages" {
 		return c, nil // count_tokens is free
 	}
-	head, err := anthropic.ScanRequestHead(body)
-	if err != nil {
-		return nil, refused("bad_request", http.StatusBadRequest, anthropic.ErrInvalidRequest, "request body: "+strings.TrimPrefix(err.Error(), anthropic.ErrMalformedRequest.Error()+": "))
+	q, ref := quoteBody(h.cfg.Prices, body, start)
+	if ref != nil {
+		return nil, ref
 	}
-	if head.MaxTokens < 1 || head.MaxTokens > MaxOutputTokens {
-		return nil, refused("bad_request", http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("max_tokens must be between 1 and %d", MaxOutputTokens))
-	}
-	price, known := h.cfg.Prices.PriceFor(head.Model, start)
-	if !known && h.cfg.Prices.Unknown == budget.UnknownDeny {
-		return nil, refused("unknown_model", http.StatusBadRequest, anthropic.ErrInvalidRequest,
-			fmt.Sprintf("model %q has no price in this TalkIDE gateway, so it cannot be budgeted; use a listed model or ask your administrator to add it", head.Model))
-	}
-	var tools budget.ToolBound
-	if len(head.ServerTools) > 0 || head.MCPServers > 0 {
-		var toolsKnown bool
-		tools, toolsKnown = h.cfg.Prices.ServerTools(head.ServerTools, head.MCPServers)
-		if !toolsKnown && h.cfg.Prices.Unknown == budget.UnknownDeny {
-			return nil, refused("unknown_tool", http.StatusBadRequest, anthropic.ErrInvalidRequest,
-				"a server tool of this request has no price in this TalkIDE gateway, so it cannot be budgeted; ask your administrator to add it")
-		}
-	}
+	head, price, prompt, tools := q.head, q.price, q.prompt, q.tools
 	c.model = head.Model
-	// Prompt tokens, over-estimated: no tokenizer yields fewer than one
-	// token per 3 bytes of JSON.
-	prompt := int64(len(body))/3 + 1
-	c.floor = price.WorstCaseWithTools(prompt, 0, tools)
+	c.floor = q.floor
 	call := budget.Call{
 		UserID: claims.User, Tenant: claims.Tenant, Env: claims.Env, ConversationID: claims.Conversation,
-		Model: head.Model, RequestID: reqID, Amount: price.WorstCaseWithTools(prompt, head.MaxTokens, tools), EstimatedTokens: prompt,
+		Model: head.Model, RequestID: reqID, Amount: q.amount, EstimatedTokens: prompt,
 	}
 	t := h.cfg.Budget.PreCallCheckAsync(r.Context(), call)
 	c.ticket = t

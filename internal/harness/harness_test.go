@@ -23,6 +23,7 @@ import (
 	"github.com/talkide/talkide/internal/lease"
 	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker/localproxy"
 )
@@ -91,6 +92,7 @@ func testJail(t *testing.T, l sandbox.Limits) *sandbox.Jail {
 
 func startRig(t *testing.T, o rigOptions) *rig {
 	t.Helper()
+	testlane.NeedsCLI(t)
 	bin, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

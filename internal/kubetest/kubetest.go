@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/testlane"
 	"io"
 	"os"
 	"path/filepath"
@@ -103,6 +104,7 @@ const NoNetworkPolicyEnforcement = "kubetest: NetworkPolicy enforcement is NOT t
 // checks its teardown.
 func SharedNode(t testing.TB) *Cluster {
 	t.Helper()
+	testlane.NeedsCluster(t)
 	if !shared.mainCalled {
 		t.Fatal("kubetest: call kubetest.Main(m) from the package's TestMain, so the cluster is stopped after the tests")
 	}
@@ -152,6 +154,7 @@ func startSharedNode() (*Cluster, error) {
 // cluster cannot start; it never skips.
 func Shared(t testing.TB) *Cluster {
 	t.Helper()
+	testlane.NeedsCluster(t)
 	if !shared.mainCalled {
 		t.Fatal("kubetest: call kubetest.Main(m) from the package's TestMain, so the cluster is stopped after the tests")
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/testlane"
 )
 
 // TestRunServesTheREADMEExample builds the real binaries, runs the platform
@@ -30,6 +31,7 @@ import (
 // the command's output; then it stops the platform and checks no process of
 // it is left.
 func TestRunServesTheREADMEExample(t *testing.T) {
+	testlane.NeedsCLI(t)
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/testlane"
 )
 
 // TestLoopbackIsNoBackDoor guards against case C7: in the one-machine run
@@ -26,6 +27,7 @@ import (
 // private) the agent reaches none of them at all; with "host" it reaches
 // them and is refused.
 func TestLoopbackIsNoBackDoor(t *testing.T) {
+	testlane.NeedsCLI(t)
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/testlane"
 )
 
 // TestMovedStateDirKeepsConversations guards against case W3: after the
@@ -38,6 +39,7 @@ import (
 // jailed as users of their own when run as root) against a development
 // upstream inside the test, so the model's requests can be read.
 func TestMovedStateDirKeepsConversations(t *testing.T) {
+	testlane.NeedsCLI(t)
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

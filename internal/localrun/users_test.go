@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/claudecli"
+	"github.com/talkide/talkide/internal/testlane"
 )
 
 // TestUserAddWhileRunning: the README's one command for a second user,
@@ -23,6 +24,7 @@ import (
 // grant asked for; a name that exists is refused and keeps its token; a
 // state dir no run has used is refused saying what to do.
 func TestUserAddWhileRunning(t *testing.T) {
+	testlane.NeedsCLI(t)
 	claude, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,7 @@ import (
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/sse"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
 	"github.com/talkide/talkide/internal/workerclient"
@@ -87,6 +88,7 @@ type Platform struct {
 // ClaudeBin returns the pinned CLI or fails the test with how to install it.
 func ClaudeBin(t testing.TB) string {
 	t.Helper()
+	testlane.NeedsCLI(t)
 	bin, err := claudecli.Find()
 	if err != nil {
 		t.Fatalf("%v", err)

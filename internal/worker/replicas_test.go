@@ -23,6 +23,7 @@ import (
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/provision"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
 	"github.com/talkide/talkide/internal/workerclient"
@@ -39,6 +40,7 @@ type replica struct {
 
 func startReplica(t *testing.T, id, sessionDir string, up *url.URL, master token.MasterKey, leaseBackend string) *replica {
 	t.Helper()
+	testlane.NeedsCLI(t)
 	bin, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
 	"github.com/talkide/talkide/internal/workerclient"
@@ -31,6 +32,7 @@ import (
 // with the development upstream, after edit adjusted its config.
 func startTenantWorker(t *testing.T, tenant string, edit func(*worker.Config)) *replica {
 	t.Helper()
+	testlane.NeedsCLI(t)
 	bin, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)
