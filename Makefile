@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 GO ?= go
 # The pinned Claude Code CLI version lives in exactly one place:
-CLAUDE_CODE_VERSION := $(shell cat internal/claudecli/version.txt)
+CLAUDE_CODE_VERSION := $(shell cat internal/worker/claudecli/version.txt)
 TOOLS := $(CURDIR)/.tools
 CLAUDE_DIR := $(TOOLS)/claude-code
 CLAUDE_BIN := $(CLAUDE_DIR)/node_modules/.bin/claude
@@ -27,7 +27,7 @@ HELM3 := $(CURDIR)/.cache/tools/helm-$(HELM3_VERSION)/helm
 # changes: the stamp's name is the lockfile's sha256.
 WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json | cut -d' ' -f1)
 # Likewise the official TypeScript SDK the gateway's tests drive.
-SDK_TS_DIR := internal/gateway/testdata/ts-sdk
+SDK_TS_DIR := internal/controlplane/gateway/testdata/ts-sdk
 SDK_TS_STAMP := $(SDK_TS_DIR)/node_modules/.installed-$(shell sha256sum $(SDK_TS_DIR)/package-lock.json | cut -d' ' -f1)
 
 export TALKIDE_CLAUDE_BIN := $(CLAUDE_BIN)
@@ -100,11 +100,11 @@ $(CLAUDE_STAMP):
 		{ echo "installed Claude Code CLI is $$v, want $(CLAUDE_CODE_VERSION)" >&2; exit 1; }
 	touch $@
 
-## web: bundle the browser UI (web/src) into internal/webui/dist
+## web: bundle the browser UI (web/src) into internal/controlplane/webui/dist
 ## The control plane embeds it; its npm packages are installed first when
 ## web/package-lock.json changed (web/node_modules, git-ignored).
 web: $(WEB_STAMP)
-	@echo "bundling the browser UI (web/src into internal/webui/dist)"
+	@echo "bundling the browser UI (web/src into internal/controlplane/webui/dist)"
 	@node web/build.mjs
 
 $(WEB_STAMP):
@@ -114,7 +114,7 @@ $(WEB_STAMP):
 	@touch $@
 
 ## sdk-ts: install the pinned Anthropic TypeScript SDK the gateway's tests drive
-## internal/gateway's tests drive it through the gateway-proxy with Node
+## internal/controlplane/gateway's tests drive it through the gateway-proxy with Node
 ## ($(SDK_TS_DIR)/node_modules, git-ignored).
 sdk-ts: $(SDK_TS_STAMP)
 
@@ -247,7 +247,7 @@ cluster-demo: cluster-bins images helm
 ## clean: remove bin/, the one-machine run's state (.talkide) and the bundled UI
 clean:
 	rm -rf $(BIN) .talkide
-	find internal/webui/dist -mindepth 1 ! -name NOT-BUILT.txt -delete
+	find internal/controlplane/webui/dist -mindepth 1 ! -name NOT-BUILT.txt -delete
 
 ## chaos: the crash test, longer (KILLS SIGKILLs, default 200)
 KILLS ?= 200

@@ -112,6 +112,39 @@ func TestLayoutTable(t *testing.T) {
 	}
 }
 
+// TestNestingRule: where a package lives says which side of the seam it
+// is on (docs/architecture.md, "Layout"). One the worker links and the
+// control plane does not lives under internal/worker/; one the control
+// plane links and the worker does not, under internal/controlplane/; one
+// both link, or neither (tests and tools), outside both.
+func TestNestingRule(t *testing.T) {
+	linked := func(cmd string) map[string]bool {
+		m := map[string]bool{}
+		for _, p := range deptest.Deps(t, cmd) {
+			if rel, ok := strings.CutPrefix(p.ImportPath, module); ok {
+				m[rel] = true
+			}
+		}
+		return m
+	}
+	worker, cp := linked("./cmd/talkide-worker"), linked("./cmd/talkide-controlplane")
+	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	for _, p := range modulePackages(t) {
+		if !strings.HasPrefix(p, "internal/") {
+			continue
+		}
+		inWorker, inCP := under(p, "internal/worker"), under(p, "internal/controlplane")
+		switch {
+		case worker[p] && !cp[p] && !inWorker:
+			t.Errorf("%s is linked by the worker and not the control plane: move it under internal/worker/", p)
+		case cp[p] && !worker[p] && !inCP:
+			t.Errorf("%s is linked by the control plane and not the worker: move it under internal/controlplane/", p)
+		case worker[p] == cp[p] && (inWorker || inCP):
+			t.Errorf("%s is linked by both binaries or by neither: it belongs directly under internal/, not under %s", p, map[bool]string{true: "internal/worker/", false: "internal/controlplane/"}[inWorker])
+		}
+	}
+}
+
 type layoutRow struct{ paths, usedBy string }
 
 // layoutRows reads the table under "## Layout": | path | used by | what |.

@@ -1,5 +1,5 @@
 // Bundles the browser UI (src/main.jsx and the CSS it imports) into
-// internal/webui/dist, which the control plane embeds (go:embed):
+// internal/controlplane/webui/dist, which the control plane embeds (go:embed):
 //
 //   dist/index.html               the page, referencing the files below
 //   dist/assets/app-<hash>.js     one ES module, minified
@@ -18,7 +18,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const webDir = path.dirname(fileURLToPath(import.meta.url));
-const distDir = path.join(webDir, "..", "internal", "webui", "dist");
+const distDir = path.join(webDir, "..", "internal", "controlplane", "webui", "dist");
 const keep = new Set(["NOT-BUILT.txt"]);
 
 const started = performance.now();

@@ -36,10 +36,10 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/pgtest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/token"
 )
 

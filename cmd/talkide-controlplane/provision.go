@@ -20,9 +20,9 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubename"
-	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/provision"
 )
 
 // provisionFromEnv reads the provisioner's settings (provision.Config).

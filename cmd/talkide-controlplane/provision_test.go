@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 

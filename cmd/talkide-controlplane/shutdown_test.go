@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/budget"
 	"github.com/talkide/talkide/internal/pgtest"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"

@@ -18,7 +18,7 @@ import (
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // The tests of this file run the worker as a real process: the test binary

@@ -11,9 +11,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 

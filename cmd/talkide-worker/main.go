@@ -22,9 +22,9 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/harden"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 func main() {

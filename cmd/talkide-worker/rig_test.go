@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 )
 
 // TestUserAddArguments: the name may come before or after the flags, the

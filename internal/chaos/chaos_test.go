@@ -22,16 +22,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/claudecli"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 var (

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 )
 

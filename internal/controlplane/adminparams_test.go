@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/budget"
 )
 
 // TestBudgetAdminAPIRefusesInputItWouldTakeSilently guards F5

@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/gateway"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/token"
 )

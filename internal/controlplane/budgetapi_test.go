@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/pgtest"
 	"github.com/talkide/talkide/internal/token"

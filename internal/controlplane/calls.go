@@ -5,8 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/talkide/talkide/internal/budget"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 )
 

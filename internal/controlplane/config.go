@@ -8,10 +8,10 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/pgdsn"
-	"github.com/talkide/talkide/internal/provision"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/pgdsn"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 

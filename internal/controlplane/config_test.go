@@ -3,7 +3,7 @@ package controlplane
 import (
 	"testing"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 )
 
 func TestParseTenantEnvs(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/pgtest"
 )
 

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/workerclient"
 )
 
 // This file holds the conversation quotas and DELETE /api/conversations/{id}.

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/sse"
-	"github.com/talkide/talkide/internal/workerclient"
 )
 
 // The browser streams of one conversation in this process share one

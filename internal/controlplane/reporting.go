@@ -6,8 +6,8 @@ import (
 	"strconv"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/reporting"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/reporting"
 	"github.com/talkide/talkide/internal/token"
 )
 

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/gateway"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/webui"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/webui"
-	"github.com/talkide/talkide/internal/workerclient"
 )
 
 // NewServer assembles the control plane over db, with the gateway-proxy,
@@ -65,7 +65,7 @@ func NewServer(cfg Config, db *controlstore.DB, spend *spendParts) (*Server, *mi
 	spend.register(s.mux, cfg, s.log)
 	s.registerReporting()
 	s.registerWorkersAPI()
-	// The browser UI (internal/webui): the page and its hashed assets.
+	// The browser UI (internal/controlplane/webui): the page and its hashed assets.
 	ui := webui.Handler(s.log)
 	s.mux.Handle("GET /{$}", ui)
 	s.mux.Handle("GET "+webui.AssetsPrefix, ui)

@@ -16,14 +16,14 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/provision"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
-	"github.com/talkide/talkide/internal/workerclient"
 )
 
 // Server is the control plane's HTTP handler.

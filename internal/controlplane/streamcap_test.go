@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 )
 
 // The open-files budget leaves nearly all of a process's sockets to

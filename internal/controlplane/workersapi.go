@@ -13,10 +13,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/provision"
 )
 
 // KubeClient returns a client of the cluster: from the kubeconfig files in

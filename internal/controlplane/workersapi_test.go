@@ -13,7 +13,7 @@ import (
 
 // The provisioning admin API needs the admin token and says clearly when
 // provisioning is off; a malformed name is a 400. (With a cluster it is
-// driven in internal/provision's lifecycle test.)
+// driven in internal/controlplane/provision's lifecycle test.)
 func TestWorkersAPIWithoutProvisioner(t *testing.T) {
 	f := startControlPlaneWith(t, func(c *Config) { c.AdminToken = adminToken })
 	do := func(method, path, tok string) (int, contract.ErrorBody) {

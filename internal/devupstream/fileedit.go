@@ -99,7 +99,7 @@ func absPath(req *Request, p string) string {
 }
 
 // continuationPrefix starts the text the worker sends when a restart cut a
-// turn that waited for a permission (internal/harness, permissions.go).
+// turn that waited for a permission (internal/worker/harness, permissions.go).
 const continuationPrefix = "(TalkIDE: the session was restarted while you waited for permission to use "
 
 // continueAfterRestart answers that text with the named tool's newest call

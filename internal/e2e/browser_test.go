@@ -23,13 +23,13 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/webui"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
-	"github.com/talkide/talkide/internal/webui"
 )
 
 // TestBrowserUI runs the browser tests (web/e2e/*.test.mjs, `node --test`)
@@ -59,7 +59,7 @@ func TestBrowserUI(t *testing.T) {
 		t.Fatalf("node not found: the browser tests run with node --test (Debian: apt-get install nodejs npm): %v", err)
 	}
 	if !webui.Built() {
-		t.Fatal("this test binary embeds no browser UI (internal/webui/dist/index.html): run `make web` before go test (make test does)")
+		t.Fatal("this test binary embeds no browser UI (internal/controlplane/webui/dist/index.html): run `make web` before go test (make test does)")
 	}
 	if _, err := os.Stat(filepath.Join(root, "web", "node_modules", "playwright-core", "package.json")); err != nil {
 		t.Fatalf("web/node_modules has no playwright-core: run `make web` (npm ci in web/): %v", err)

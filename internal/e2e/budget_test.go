@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"

@@ -15,8 +15,8 @@ import (
 // These tests are issue 9's cases C1 and C5, played by a conversation's
 // agent against the whole platform (the worker runs as root, so each agent
 // has a uid of its own and a jail). C2 and C3 are in agentpaths_test.go, C4
-// in internal/harness (TestAgentCannotLoosenThePermissionPolicy, with the
-// real CLI), the limits of C6 in internal/harness (TestAgentLimits,
+// in internal/worker/harness (TestAgentCannotLoosenThePermissionPolicy, with the
+// real CLI), the limits of C6 in internal/worker/harness (TestAgentLimits,
 // TestAgentDiskLimit).
 
 func waitProcesses(t *testing.T, prefix string, want func(n int) bool, what string) {

@@ -11,8 +11,8 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // processesInRange lists the pids running as a uid of [first, first+n).

@@ -17,10 +17,10 @@ import (
 	"github.com/talkide/talkide/internal/apidoc"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/harness"
 )
 
 // probe is one request that should be answered with a documented error.

@@ -10,9 +10,9 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/harness"
 )
 
 // toolEvent is a tool_use or tool_result event of the stream, with whether

@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/talkide/talkide/internal/buildjob"
+	"github.com/talkide/talkide/internal/worker/buildjob"
 )
 
 // fakeBuilderBase is a small stand-in for the Gradle builder's Debian
@@ -189,7 +189,7 @@ func resolve(members map[string]tar.Header, p string) (tar.Header, bool) {
 }
 
 // TestBuilderGradleImageFitsTheGradleJob checks the image against the Job
-// internal/buildjob makes of it: its command (/bin/sh, which removes the
+// internal/worker/buildjob makes of it: its command (/bin/sh, which removes the
 // earlier reports with rm and becomes gradle) is in the image and gradle
 // on its PATH, its working directory and every writable mount are
 // directories any uid may write to, and the Gradle home the Job sets is the

@@ -4,7 +4,7 @@
 // binary and the pinned Claude Code CLI on a Debian base made with
 // debootstrap) and talkide-builder-gradle (Debian's Gradle, OpenJDK 17 and
 // JUnit 4 on a Debian base of its own: the image of the Gradle build Jobs
-// of internal/buildjob). `make images` (scripts/images) drives it.
+// of internal/worker/buildjob). `make images` (scripts/images) drives it.
 //
 // Main parts:
 //   - Base makes the Debian root filesystem with debootstrap and caches it as

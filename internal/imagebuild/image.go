@@ -32,7 +32,7 @@ const (
 	ClaudeBin       = ClaudeDir + "/claude"
 	NonrootID       = 65532
 	// The Gradle builder's directories: the working tree and the Gradle
-	// home a build Job mounts (internal/buildjob), and its JDK.
+	// home a build Job mounts (internal/worker/buildjob), and its JDK.
 	BuilderWorkspace  = "/workspace"
 	BuilderGradleHome = "/gradle-home"
 	BuilderJavaHome   = "/usr/lib/jvm/java-17-openjdk-amd64"
@@ -45,7 +45,7 @@ const (
 const LabelRequires = "dev.talkide.runtime.requires"
 
 // WorkerRequires is the value of LabelRequires: the worker's pod spec as
-// internal/provision writes it (root with the capabilities that give agents
+// internal/controlplane/provision writes it (root with the capabilities that give agents
 // their uids and directories, no seccomp or AppArmor filter, so bubblewrap
 // may make user namespaces) and what gives the stronger guarantees where a
 // cluster allows (docs/deploying.md, "Choosing the worker's pod").
@@ -157,7 +157,7 @@ type Worker struct {
 	// (@anthropic-ai/claude-code-linux-x64: claude, package.json, …).
 	ClaudeDir string
 	// ClaudeVersion, when set, must be the version in ClaudeDir's
-	// package.json (the pin, internal/claudecli/version.txt).
+	// package.json (the pin, internal/worker/claudecli/version.txt).
 	ClaudeVersion string
 	// Base is the Debian base tarball (Base).
 	Base string
@@ -253,7 +253,7 @@ type BuilderGradle struct {
 }
 
 // BuilderGradleImage assembles the image build Jobs run Gradle in
-// (internal/buildjob's GradleJobBuilder): the Debian base with Gradle, the
+// (internal/worker/buildjob's GradleJobBuilder): the Debian base with Gradle, the
 // JDK and JUnit 4 as one layer, and a layer with the directories a Job
 // mounts, /workspace and /gradle-home, mode 1777 like /tmp, so that the
 // image also runs unmounted as any uid. No entrypoint and no command: the

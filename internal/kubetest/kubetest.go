@@ -27,8 +27,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/testlane"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 	"io"
 	"os"
 	"path/filepath"
@@ -95,7 +95,7 @@ func Main(m *testing.M) {
 // NoNetworkPolicyEnforcement is said wherever a real node starts on a
 // kernel without nftables' queue.
 const NoNetworkPolicyEnforcement = "kubetest: NetworkPolicy enforcement is NOT tested on this machine: kube-network-policies needs nftables' queue " +
-	"(CONFIG_NFT_QUEUE), which this kernel lacks; the policies are tested as objects only (internal/provision)"
+	"(CONFIG_NFT_QUEUE), which this kernel lacks; the policies are tested as objects only (internal/controlplane/provision)"
 
 // SharedNode returns the package's cluster with a real node (Options.
 // RealNode), starting it on first use and building the node's binaries

@@ -28,11 +28,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/atomicfile"
 )
 
 // Config configures Run. Zero values take the defaults noted.

@@ -19,10 +19,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/testlane"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 // TestRunServesTheREADMEExample builds the real binaries, runs the platform

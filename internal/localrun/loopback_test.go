@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/testlane"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 // TestLoopbackIsNoBackDoor guards against case C7: in the one-machine run

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/testlane"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 // TestMovedStateDirKeepsConversations guards against case W3: after the

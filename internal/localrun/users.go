@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/talkide/talkide/internal/atomicfile"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/worker/atomicfile"
 )
 
 // addrFile, in the state dir, holds the control plane's address of the

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/testlane"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 // TestUserAddWhileRunning: the README's one command for a second user,

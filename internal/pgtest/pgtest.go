@@ -21,7 +21,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
-	"github.com/talkide/talkide/internal/pgdsn"
+	"github.com/talkide/talkide/internal/controlplane/pgdsn"
 	"github.com/talkide/talkide/internal/token"
 )
 

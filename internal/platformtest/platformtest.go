@@ -25,17 +25,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
-	"github.com/talkide/talkide/internal/workerclient"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 // UpstreamAPIKey is the API key the test upstream demands; only the

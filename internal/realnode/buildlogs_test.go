@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/talkide/talkide/internal/buildjob"
 	"github.com/talkide/talkide/internal/kubetest"
+	"github.com/talkide/talkide/internal/worker/buildjob"
 )
 
 // TestBuildLogCutMidLine (issue 27, fault 4): a real container prints

@@ -15,10 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/talkide/talkide/internal/buildjob"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/buildjob"
 )
 
 // A tiny Gradle project with one passing test, built offline with the

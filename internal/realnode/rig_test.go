@@ -31,11 +31,11 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/controlplane"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/token"
 )
 

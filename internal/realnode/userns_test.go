@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/provision"
 )
 
 // TestUserNamespaceWorker: with TALKIDE_WORKER_USER_NAMESPACE and a session

@@ -16,9 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/provision"
 )
 
 // runCommand sends a message asking the agent to run cmd (the

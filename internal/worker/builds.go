@@ -12,13 +12,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/talkide/talkide/internal/buildjob"
-	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/kubename"
-	"github.com/talkide/talkide/internal/sandbox"
-	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/buildjob"
+	"github.com/talkide/talkide/internal/worker/buildmcp"
+	"github.com/talkide/talkide/internal/worker/harness"
+	"github.com/talkide/talkide/internal/worker/sandbox"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // Build modes of BuildConfig.Mode.

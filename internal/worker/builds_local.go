@@ -3,8 +3,8 @@ package worker
 import (
 	"log/slog"
 
-	"github.com/talkide/talkide/internal/buildjob"
-	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/worker/buildjob"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // newLocalRunner returns the runner of local builds: Gradle in the

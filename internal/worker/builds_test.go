@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 const testBuildImage = "registry.example/talkide-builder-gradle@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

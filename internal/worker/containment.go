@@ -13,8 +13,8 @@ import (
 	"strings"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/lease"
-	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/worker/lease"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // Containment modes (Config.Containment).

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // Agent uids fit the worker's user namespace: the default range on a host

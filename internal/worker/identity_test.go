@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/mint"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"

@@ -42,7 +42,7 @@ const otherNamespace = "kube-system"
 
 // kubeRights lists what the worker's ServiceAccount must, should and must
 // not be allowed in namespace ns (the provisioner's Role talkide-worker:
-// internal/provision WorkerRules).
+// internal/controlplane/provision WorkerRules).
 func kubeRights(ns string) (must, should, mustNot []kubeRight) {
 	for _, v := range []string{"get", "create", "update", "delete"} {
 		must = append(must, kubeRight{"coordination.k8s.io", "leases", "", v, ns})

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talkide/talkide/internal/harness"
-	"github.com/talkide/talkide/internal/mcppolicy"
+	"github.com/talkide/talkide/internal/worker/harness"
+	"github.com/talkide/talkide/internal/worker/mcppolicy"
 )
 
 // TestMCPProviderQuotesNothingOfTheFile: a .mcp.json the harness refused

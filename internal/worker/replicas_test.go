@@ -17,16 +17,16 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/provision"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/provision"
 	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
-	"github.com/talkide/talkide/internal/workerclient"
+	"github.com/talkide/talkide/internal/worker/claudecli"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }

@@ -9,16 +9,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/harness"
-	"github.com/talkide/talkide/internal/issuemcp"
-	"github.com/talkide/talkide/internal/mcppolicy"
-	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/buildmcp"
+	"github.com/talkide/talkide/internal/worker/harness"
+	"github.com/talkide/talkide/internal/worker/issuemcp"
 	"github.com/talkide/talkide/internal/worker/localproxy"
+	"github.com/talkide/talkide/internal/worker/mcppolicy"
 	"github.com/talkide/talkide/internal/worker/outbox"
 	"github.com/talkide/talkide/internal/worker/reportclient"
 	"github.com/talkide/talkide/internal/worker/reportfeed"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // ParseMCPPolicy reads the operator's MCP policy for project .mcp.json

@@ -20,15 +20,15 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/talkide/talkide/internal/claudecli"
-	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/lease"
-	"github.com/talkide/talkide/internal/mcppolicy"
-	"github.com/talkide/talkide/internal/sandbox"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/claudecli"
+	"github.com/talkide/talkide/internal/worker/harness"
+	"github.com/talkide/talkide/internal/worker/lease"
 	"github.com/talkide/talkide/internal/worker/localproxy"
+	"github.com/talkide/talkide/internal/worker/mcppolicy"
+	"github.com/talkide/talkide/internal/worker/sandbox"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // Config is the worker's configuration, read from the environment by

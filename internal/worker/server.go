@@ -14,14 +14,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/talkide/talkide/internal/buildmcp"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/harness"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/lease"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/sse"
 	"github.com/talkide/talkide/internal/token"
+	"github.com/talkide/talkide/internal/worker/buildmcp"
+	"github.com/talkide/talkide/internal/worker/harness"
+	"github.com/talkide/talkide/internal/worker/lease"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // Server serves the worker API (package contract, docs/worker-api.md).

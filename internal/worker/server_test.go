@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/harness"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
+	"github.com/talkide/talkide/internal/worker/harness"
 	"github.com/talkide/talkide/internal/worker/localproxy"
-	"github.com/talkide/talkide/internal/workerclient"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 type fixture struct {

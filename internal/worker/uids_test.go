@@ -17,15 +17,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/platformtest"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
-	"github.com/talkide/talkide/internal/workerclient"
+	"github.com/talkide/talkide/internal/worker/claudecli"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // startTenantWorker runs a worker of tenant/dev on its own session volume

@@ -52,12 +52,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
-	"github.com/talkide/talkide/internal/gateway"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/gateway"
+	"github.com/talkide/talkide/internal/controlplane/pgdsn"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/pgdsn"
 	"github.com/talkide/talkide/internal/token"
 )
 

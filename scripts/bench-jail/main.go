@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/talkide/talkide/internal/sandbox"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 func main() {

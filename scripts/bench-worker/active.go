@@ -16,7 +16,7 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/sse"
-	"github.com/talkide/talkide/internal/streamjson"
+	"github.com/talkide/talkide/internal/worker/streamjson"
 )
 
 // latencies are the stand-in-to-reader latencies of one kind of run.

@@ -22,14 +22,14 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/controlplane"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/mint"
+	"github.com/talkide/talkide/internal/controlplane/workerclient"
 	"github.com/talkide/talkide/internal/devupstream"
 	"github.com/talkide/talkide/internal/harden"
-	"github.com/talkide/talkide/internal/mint"
-	"github.com/talkide/talkide/internal/sandbox"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker"
-	"github.com/talkide/talkide/internal/workerclient"
+	"github.com/talkide/talkide/internal/worker/sandbox"
 )
 
 // modelCalls times the calls of the development upstream (calls.go).

@@ -14,10 +14,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/talkide/talkide/internal/claudecli"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/sse"
-	"github.com/talkide/talkide/internal/streamjson"
+	"github.com/talkide/talkide/internal/worker/claudecli"
+	"github.com/talkide/talkide/internal/worker/streamjson"
 )
 
 type turnsResult struct {
@@ -177,7 +177,7 @@ func startDirectCLI(bin, dir, upstream string) (*directCLI, error) {
 		"--permission-prompt-tool", "stdio", "--permission-mode", "default", "--setting-sources=",
 		"--session-id", uuid.NewString())
 	cmd.Dir = filepath.Join(dir, "work")
-	// As the harness's environment (internal/harness/env.go), with the
+	// As the harness's environment (internal/worker/harness/env.go), with the
 	// upstream's key instead of a placeholder for the local proxy.
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "NO_PROXY=127.0.0.1,localhost",
 		"ANTHROPIC_BASE_URL=" + upstream, "ANTHROPIC_AUTH_TOKEN=" + upstreamAPIKey,

@@ -95,7 +95,7 @@ func configure(c *config) error {
 		return err
 	}
 	c.meta.Source = "https://github.com/talkide/talkide"
-	pin, err := os.ReadFile("internal/claudecli/version.txt")
+	pin, err := os.ReadFile("internal/worker/claudecli/version.txt")
 	if err != nil {
 		return fmt.Errorf("the pinned CLI version: %w (run from the module root)", err)
 	}

@@ -13,12 +13,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/talkide/talkide/internal/anthropic"
-	"github.com/talkide/talkide/internal/budget"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/budget"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/controlplane/gateway"
+	"github.com/talkide/talkide/internal/controlplane/mint"
 	"github.com/talkide/talkide/internal/devupstream"
-	"github.com/talkide/talkide/internal/gateway"
-	"github.com/talkide/talkide/internal/mint"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker/localproxy"
 )

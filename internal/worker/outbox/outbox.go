@@ -40,8 +40,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/worker/atomicfile"
 )
 
 // FormatVersion is the on-disk format of an entry file; files of another

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // TestFeedRetriesAfterAFullDisk guards against reports left behind: a

@@ -30,10 +30,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/talkide/talkide/internal/atomicfile"
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/sessionstore"
+	"github.com/talkide/talkide/internal/worker/atomicfile"
 	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // Logs gives access to conversations' event logs (the harness).

@@ -14,8 +14,8 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/sessionstore"
 	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 func sampleEvents(conv string) []contract.Event {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/streamjson"
+	"github.com/talkide/talkide/internal/worker/streamjson"
 )
 
 // TestTurnParsesAsTheCLIs checks that what the stand-in prints is what the

@@ -4,7 +4,7 @@ import { Composer } from "./Composer.jsx";
 import { TopBar } from "./TopBar.jsx";
 
 // The sample projects a conversation can start from (the worker's
-// internal/samples).
+// internal/worker/samples).
 const SAMPLES = [{ value: "java-calculator", label: "java-calculator: a small Java project with JUnit tests" }];
 
 // DraftView: a conversation not created yet. The first message creates it
