@@ -40,6 +40,7 @@ import (
 	"github.com/talkide/talkide/internal/controlplane/provision"
 	"github.com/talkide/talkide/internal/kubetest"
 	"github.com/talkide/talkide/internal/pgtest"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 )
 
@@ -65,6 +66,7 @@ func repoRoot(t *testing.T) string {
 // major version ("4", "3"), as `make helm` builds them.
 func helmBins(t *testing.T) map[string]string {
 	t.Helper()
+	testlane.NeedsHelm(t)
 	root := repoRoot(t)
 	b, err := os.ReadFile(filepath.Join(root, "deploy/versions.env"))
 	if err != nil {

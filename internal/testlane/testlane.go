@@ -1,6 +1,8 @@
 // Package testlane tells the fast lane from the whole suite. `make check`
 // runs `go test -short ./...`: every test that needs no test cluster, no
-// real Claude Code CLI and no browser, in about two minutes. `make test`
+// real Claude Code CLI, no browser and none of the tools `make test` builds
+// or installs first (Helm, the node's Debian packages), in about two
+// minutes. `make test`
 // (what CI runs) runs them all, with the race detector.
 //
 // A test that needs one of those calls the matching function first (the
@@ -18,6 +20,13 @@ func NeedsCLI(t testing.TB) { t.Helper(); skip(t, "the real Claude Code CLI") }
 
 // NeedsCluster marks a test that runs against the test cluster.
 func NeedsCluster(t testing.TB) { t.Helper(); skip(t, "the test cluster") }
+
+// NeedsHelm marks a test that runs the Helm binaries `make helm` builds.
+func NeedsHelm(t testing.TB) { t.Helper(); skip(t, "Helm (make helm)") }
+
+// NeedsNodeTools marks a test that needs the Debian packages `make
+// node-tools` installs (bindfs and FUSE, iptables, busybox).
+func NeedsNodeTools(t testing.TB) { t.Helper(); skip(t, "the node's tools (make node-tools)") }
 
 func skip(t testing.TB, what string) {
 	t.Helper()

@@ -2,7 +2,6 @@ package harness
 
 import (
 	"fmt"
-	"golang.org/x/sys/unix"
 	"net"
 	"net/http"
 	"os"
@@ -12,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker/sandbox"
 )
@@ -301,6 +303,7 @@ func TestAgentNetworkIsItsOwn(t *testing.T) {
 // fallocate is refused, and a chain past the path limit hides nothing (on
 // this stand-in it cannot even be made: FUSE passes whole paths).
 func TestAgentDiskLimitOnAFilesystemLikeNFS(t *testing.T) {
+	testlane.NeedsNodeTools(t)
 	if _, err := exec.LookPath("bindfs"); err != nil {
 		t.Fatal("bindfs is not installed (`make node-tools` installs it: the NFS stand-in)")
 	}
