@@ -139,7 +139,7 @@ run: tools web build
 test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
 	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
 	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
-	@echo "go test -race ./...: about 15 minutes on 2 cores (longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
+	@echo "go test -race ./...: 15 to 25 minutes on 2 cores (18 to 20 measured warm on a quiet one; longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
 	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
@@ -160,6 +160,7 @@ fuzz:
 
 ## vet: go vet ./...
 vet:
+	@echo "go vet ./...: up to 3 minutes the first time (it type-checks every package and its tests), seconds afterwards"
 	$(GO) vet ./...
 
 # go.mod and go.sum say exactly what the code imports (go mod tidy).
@@ -177,7 +178,7 @@ helm: $(HELM) $(HELM3)
 
 # The version is in the path: a new pin builds anew, the old one is left.
 $(CURDIR)/.cache/tools/helm-%/helm:
-	@echo "building helm $* from the Go module proxy into $(@D): 2.5 to 3.5 minutes, once per pinned version"
+	@echo "building helm $* from the Go module proxy into $(@D): 3 to 6 minutes, once per pinned version"
 	@major=$$(echo $* | sed -E 's/^v([0-9]+).*/\1/'); \
 	GOBIN=$(@D).tmp nice -n 10 $(GO) install helm.sh/helm/v$$major/cmd/helm@$* && \
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
@@ -189,7 +190,7 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 ## `image NAME@sha256:DIGEST PATH` (PATH: its OCI image layout).
 .PHONY: images
 images: tools web
-	@echo "building the three container images into .cache/images/ (about a minute; the first time also the Debian bases of the worker and the Gradle builder with debootstrap, 2 to 3 minutes each)"
+	@echo "building the three container images into .cache/images/: about a minute; the first time 7 to 10 minutes, most of it the Debian bases of the worker and the Gradle builder made with debootstrap (4 min 41 s and 2 min 8 s measured)"
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's and the real node's binaries (once per version)
@@ -200,13 +201,13 @@ images: tools web
 cluster-bins: $(K8S_BIN_DIR)/.stamp $(NODE_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
-	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 20 to 45 minutes on 2 cores with an empty Go build cache, about 2 with a warm one. This is normal; make test goes on by itself afterwards."
+	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 15 to 45 minutes on 2 cores with an empty Go build cache (16 measured on a quiet machine), about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
 # The stamp is the one EnsureNodeBuilt writes when the set is complete.
 $(NODE_BIN_DIR)/.stamp: | node-tools $(K8S_BIN_DIR)/.stamp
-	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; about 7 minutes after the cluster's binaries (their build cache is shared), 20 on its own. This is normal."
+	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; 5 to 7 minutes after the cluster's binaries (their build cache is shared), 20 on its own. This is normal."
 	nice -n 10 $(GO) run ./scripts/cluster node-bins
 
 ## node-tools: install Debian's packages the real node needs (as root)

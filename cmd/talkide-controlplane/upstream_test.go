@@ -12,8 +12,8 @@ import (
 	"github.com/talkide/talkide/internal/token"
 )
 
-// TestUnreachableUpstreamShowsAtStartAndInReadiness guards F2
-// (cases/first-run.md): with a model upstream that does not resolve,
+// TestUnreachableUpstreamShowsAtStartAndInReadiness guards a first-run
+// fault found from outside: with a model upstream that does not resolve,
 // nothing was checked at start and the control plane looked ready. The
 // control plane logs the cause at start and its /healthz answers 503 naming
 // the upstream and the cause.

@@ -10,8 +10,8 @@ import (
 	"github.com/talkide/talkide/internal/controlplane/budget"
 )
 
-// TestBudgetAdminAPIRefusesInputItWouldTakeSilently guards F5
-// (cases/first-run.md): period=garbage, 2026-13 and 2026-02-31 answered 200
+// TestBudgetAdminAPIRefusesInputItWouldTakeSilently guards a first-run
+// fault found from outside: period=garbage, 2026-13 and 2026-02-31 answered 200
 // with nothing spent, and kind=bogus an empty ledger. Every such input is a
 // 400 invalid_request in the platform's error shape, naming the parameter,
 // and changes nothing.

@@ -14,8 +14,8 @@ import (
 	"github.com/talkide/talkide/internal/platformtest"
 )
 
-// TestUnreachableUpstreamEndsTheTurnAtOnce guards F2 (cases/first-run.md)
-// with the real CLI: a model upstream that refuses connections made the
+// TestUnreachableUpstreamEndsTheTurnAtOnce guards a first-run fault found
+// from outside, with the real CLI: a model upstream that refuses connections made the
 // turn retry ten times over three minutes and fail with a message naming
 // the worker's internal proxy port. The gateway's 502 names the upstream
 // and the cause with x-should-retry: false, so the turn fails after one

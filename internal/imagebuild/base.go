@@ -105,7 +105,7 @@ func Base(ctx context.Context, s BaseSpec, cacheDir string, progress io.Writer) 
 	}
 	defer removeBuildDir(work)
 	rootfs := filepath.Join(work, "rootfs")
-	fmt.Fprintf(progress, "building the Debian base with debootstrap (about 1–3 minutes the first time; cached in %s)\n", dir)
+	fmt.Fprintf(progress, "building the Debian base with debootstrap (2 to 5 minutes the first time; cached in %s)\n", dir)
 	start := time.Now()
 	logPath := filepath.Join(work, "debootstrap.log")
 	logf, err := os.Create(logPath)

@@ -19,7 +19,8 @@ import (
 	"github.com/talkide/talkide/internal/devupstream"
 )
 
-// Cases M1-M3 of shared/cases/gateway-money.md and F3 of first-run.md, and
+// Money faults found from outside (what a call is booked at when its usage
+// is cut, unreadable or never comes, and a first run's budget), and
 // budgets smaller than one worst case.
 
 // TestGatewayBooksNonStreamingCallWhoseClientLeft guards against case M1: a

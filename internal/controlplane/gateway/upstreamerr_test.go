@@ -84,7 +84,8 @@ func gatewayWith(t *testing.T, upstream string, log *slog.Logger, dial func(ctx 
 	return gw, srv, master, svc
 }
 
-// TestUnreachableUpstreamIsNamed guards F2 (cases/first-run.md): with no
+// TestUnreachableUpstreamIsNamed guards a first-run fault found from
+// outside: with no
 // route to the model upstream, the agent's turn showed ten retries of
 // "502 upstream unreachable" over three minutes, and the cause was only in
 // the control plane's log. A call that cannot reach the upstream is

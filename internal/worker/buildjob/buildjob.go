@@ -1,6 +1,5 @@
 // Package buildjob makes the Kubernetes Jobs that run a conversation's
-// builds, tests and image builds outside the worker pod (DESIGN.md, open
-// points 1–3): GradleJobBuilder (`gradle build`, `gradle test --tests …`)
+// builds, tests and image builds outside the worker pod: GradleJobBuilder (`gradle build`, `gradle test --tests …`)
 // and KanikoJobBuilder (an image from a Dockerfile in the working tree),
 // both on one shared base, Base.
 //
@@ -25,8 +24,8 @@
 // (ReadResults), not from logs. LocalRunner runs the same builds, for the
 // one-machine platform, as processes on the worker's machine: as the
 // agent's user, in a jail like the agent's, offline, with Debian's Gradle
-// (local.go; docs/builds.md). The worker's MCP build tool and its events
-// are issue 14's next part (see the closing notes).
+// (local.go; docs/builds.md). The agent's build tool, which starts builds
+// and turns them into events, is package buildmcp.
 package buildjob
 
 import (

@@ -71,8 +71,8 @@ type Case struct {
 // build is the project's code, and so its reports are the agent's to
 // write. A report is read as a stream of tokens, never whole, and what is
 // kept is bounded over all of a build's reports, so the worker's memory
-// is bounded however the reports are shaped (issue 26: crafted reports
-// within the byte bounds grew it 20-fold). Past a bound on what is kept,
+// is bounded however the reports are shaped (reports crafted within the
+// byte bounds grew it 20-fold when they were read whole). Past a bound on what is kept,
 // cases are counted and not listed; past a bound on a report's shape
 // (MaxDepth, and xmlGuard's on one token) its reading stops. Either way
 // Results.Truncated says so.
@@ -220,7 +220,7 @@ func (p *junitParser) run() error {
 	}
 }
 
-// start reads an element's start: as before streaming (issue 26), a
+// start reads an element's start: as when reports were read whole, a
 // <testsuite> anywhere but in another, a <testcase> in a suite, its
 // <failure>, <error> and <skipped>; attributes by their local names, the
 // last of a name counting.

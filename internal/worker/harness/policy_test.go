@@ -10,8 +10,8 @@ import (
 	"github.com/talkide/talkide/internal/contract"
 )
 
-// TestAgentCannotLoosenThePermissionPolicy is case C4 of
-// shared/cases/containment.md: under the "ask" policy the user approves one
+// TestAgentCannotLoosenThePermissionPolicy is an attack tried from inside a
+// conversation: under the "ask" policy the user approves one
 // command that writes permissive settings into every settings file the CLI
 // reads (user settings under CLAUDE_CONFIG_DIR, project and local settings
 // under the workspace's .claude/, settings under $HOME/.claude). The next

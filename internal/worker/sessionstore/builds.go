@@ -16,8 +16,8 @@ import (
 )
 
 // The builds index holds one file, <root>/builds/<conversation>.<build>.json,
-// per build a conversation waits for (issue 14: a build Job or a local
-// build the agent's build tool started). It is written, durably, before the
+// per build a conversation waits for (a build Job or a local build the
+// agent's build tool started). It is written, durably, before the
 // build starts and removed once its build_completed event is stored, so
 // after a worker restart the builds whose results were not delivered are
 // exactly the index (ListBuilds): the worker follows them again, delivers

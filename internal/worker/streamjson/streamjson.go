@@ -2,8 +2,8 @@
 // newline-delimited JSON the CLI writes on stdout with
 // `--output-format stream-json --verbose` and reads on stdin with
 // `--input-format stream-json`, including the control protocol
-// (control_request / control_response). Shapes follow the observations in
-// shared/research/claude-code-protocol.md (§3, §4) for CLI 2.1.332.
+// (control_request / control_response). Shapes are those Claude Code
+// 2.1.332 (internal/worker/claudecli's pin) was seen to write and read.
 //
 // Main types: Reader (unbounded-line reader of stdout), Parse and the message
 // types it returns (SystemInit, Assistant, User, Result, APIRetry,

@@ -1,6 +1,6 @@
 // Command standin is a light stand-in for the Claude Code CLI, for
 // bench-worker: it speaks the CLI's stream-json protocol on stdin and stdout
-// (see /work/shared/research/claude-code-protocol.md and internal/worker/harness)
+// (as internal/worker/streamjson reads it and internal/worker/harness drives it)
 // without a model. `--version` prints the pinned version, so a worker accepts
 // it as its CLI. Every control request (initialize, interrupt, ...) is
 // answered with success. Every user message runs a scripted turn:
