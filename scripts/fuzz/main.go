@@ -37,6 +37,7 @@ var execsLine = regexp.MustCompile(`execs: (\d+) \(`)
 func main() {
 	fuzztime := flag.Duration("fuzztime", 10*time.Second, "how long each target runs")
 	only := flag.String("run", "", "only the targets whose name matches this regular expression")
+	minimize := flag.Duration("minimizetime", 0, "how long the fuzzer may shrink an input it keeps (go test -fuzzminimizetime); 0 keeps inputs whole, so a short run explores instead of shrinking")
 	flag.Parse()
 	var match *regexp.Regexp
 	if *only != "" {
@@ -60,12 +61,12 @@ func main() {
 	failed := 0
 	minRate, minName := -1.0, ""
 	for _, t := range targets {
-		execs, out, err := run(t, *fuzztime)
+		execs, out, err := run(t, *fuzztime, *minimize)
 		if err != nil && stoppedLate(out) {
 			// The fuzzer's workers did not stop within its own grace at
 			// the end (a loaded machine): not a failure of the target.
 			fmt.Printf("# %s: the fuzzer did not stop in time (%s); running it again\n", t.name, "context deadline exceeded")
-			execs, out, err = run(t, *fuzztime)
+			execs, out, err = run(t, *fuzztime, *minimize)
 		}
 		rate := float64(execs) / fuzztime.Seconds()
 		result := "ok"
@@ -123,9 +124,14 @@ func find(root string, match *regexp.Regexp) ([]target, error) {
 	return out, err
 }
 
-// run fuzzes t for d and returns the executions the fuzzer reported last.
-func run(t target, d time.Duration) (int64, string, error) {
-	cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-fuzztime", d.String(), "./"+t.dir)
+// run fuzzes t for d and returns the executions the fuzzer reported last
+// and its output.
+// Shrinking a kept input (a new path or a failure) is limited to minimize:
+// Go's default, 60 s, stalls a run of seconds at its first new path, as
+// the executions spent shrinking are not counted.
+func run(t target, d, minimize time.Duration) (int64, string, error) {
+	cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-fuzztime", d.String(),
+		"-fuzzminimizetime", minimize.String(), "./"+t.dir)
 	out, err := cmd.CombinedOutput()
 	var execs int64
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
