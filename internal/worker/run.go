@@ -2,11 +2,9 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,277 +15,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker/claudecli"
 	"github.com/talkide/talkide/internal/worker/harness"
 	"github.com/talkide/talkide/internal/worker/lease"
 	"github.com/talkide/talkide/internal/worker/localproxy"
-	"github.com/talkide/talkide/internal/worker/mcppolicy"
 	"github.com/talkide/talkide/internal/worker/sandbox"
 	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
-
-// Config is the worker's configuration, read from the environment by
-// cmd/talkide-worker (names in brackets). Zero values take the defaults noted.
-type Config struct {
-	// Tenant and Env name the tenant-env this worker serves
-	// [TALKIDE_TENANT, TALKIDE_ENV]. Required.
-	Tenant, Env string
-	// Addr is the API listen address [TALKIDE_WORKER_ADDR]. Default ":8080".
-	Addr string
-	// RequestKeys verify the control plane's request tokens
-	// [TALKIDE_WORKER_REQUEST_KEYS, "kid:base64url,..."]. Required.
-	RequestKeys []token.Key
-	// GatewayBaseURL is the control plane [TALKIDE_GATEWAY_BASE_URL]; with
-	// the identity token model calls go through MintingGatewayProxy.
-	// Required unless NoOpUpstream is set.
-	GatewayBaseURL *url.URL
-	// IdentityToken is the identity token [TALKIDE_WORKER_IDENTITY_TOKEN];
-	// IdentityTokenFile a file holding it
-	// [TALKIDE_WORKER_IDENTITY_TOKEN_FILE], e.g. the Secret
-	// talkide-worker-token mounted as a volume: a token written there later
-	// is taken without a restart (localproxy.Identity). Exactly one is
-	// required unless NoOpUpstream is set.
-	IdentityToken     string
-	IdentityTokenFile string
-	// IdentityFailureGrace is how long a worker whose identity token was
-	// revoked, expired or refused stays up, unready, waiting for a new
-	// token in IdentityTokenFile, before Run returns an *IdentityError
-	// [TALKIDE_IDENTITY_FAILURE_GRACE]. Default 60 s.
-	IdentityFailureGrace time.Duration
-	// NoOpUpstream and NoOpAPIKey select NoOpGatewayProxy (development only:
-	// straight to an Anthropic-compatible upstream with a local key)
-	// [TALKIDE_NOOP_UPSTREAM_URL, ANTHROPIC_API_KEY].
-	NoOpUpstream *url.URL
-	NoOpAPIKey   string
-	// SessionDir is the session volume [TALKIDE_SESSION_DIR]. Default /data/claude.
-	SessionDir string
-	// ClaudeConfigDir is the CLI's CLAUDE_CONFIG_DIR [CLAUDE_CONFIG_DIR].
-	// Default <SessionDir>/claude-config.
-	ClaudeConfigDir string
-	// ClaudeBin is the CLI [TALKIDE_CLAUDE_BIN]. Default: see claudecli.Find.
-	ClaudeBin string
-	// Model is the default model [TALKIDE_MODEL]; empty: the CLI's default.
-	Model string
-	// PermissionMode is the CLI's --permission-mode [TALKIDE_PERMISSION_MODE].
-	PermissionMode string
-	// IdleTimeout stops idle CLI processes [TALKIDE_IDLE_TIMEOUT, a Go duration].
-	IdleTimeout time.Duration
-	// CLIExtraEnv are extra CLI environment entries
-	// [TALKIDE_CLI_EXTRA_ENV, "NAME=value,NAME=value"].
-	CLIExtraEnv []string
-	// ShutdownGrace is how long running turns may go on after SIGTERM
-	// before they are interrupted [TALKIDE_SHUTDOWN_GRACE]. Default 20 s
-	// (keep it below the pod's terminationGracePeriodSeconds).
-	ShutdownGrace time.Duration
-	// WorkerID names this replica for conversation leases
-	// [TALKIDE_WORKER_ID]. Default: the host name (the pod name).
-	WorkerID string
-	// AdvertiseURL is where other replicas reach this one to forward
-	// requests for conversations it owns [TALKIDE_WORKER_ADVERTISE_URL].
-	// Default: http://<listen address>, or http://$POD_IP:<port> when
-	// listening on all interfaces.
-	AdvertiseURL string
-	// LeaseBackend is "file" (leases on the session volume; the default) or
-	// "kubernetes" (coordination.k8s.io Lease objects, with the credentials
-	// of $KUBECONFIG or else the pod's service account, in $POD_NAMESPACE
-	// or else the pod's or the kubeconfig context's namespace)
-	// [TALKIDE_LEASE_BACKEND].
-	LeaseBackend string
-	// MaxProcesses caps live CLI processes [TALKIDE_MAX_PROCESSES]. Default 4.
-	MaxProcesses int
-	// MaxProcessesPerUser caps one user's live CLI processes
-	// [TALKIDE_MAX_PROCESSES_PER_USER], 1 to MaxProcesses. Default
-	// MaxProcesses-1 (1 when that is 1): one slot is always left for the
-	// others (harness.Config.MaxProcessesPerUser).
-	MaxProcessesPerUser int
-	// MCPPolicy decides which servers of a project's .mcp.json are offered
-	// to the CLI [TALKIDE_MCP_ALLOW_COMMANDS, TALKIDE_MCP_ALLOW_URLS]; the
-	// zero value allows none.
-	MCPPolicy mcppolicy.Policy
-	// AgentUser is the account the agent (the CLI and every command it
-	// runs) runs as [TALKIDE_AGENT_USER]: "per-conversation" (a user id of
-	// its own per conversation, from 200000; the default when the worker runs
-	// as root), "uid:gid" or a user name (one account for all), or "self"
-	// (the worker's own; the default otherwise). The worker is non-dumpable,
-	// so an agent of its own user cannot read its environment either.
-	AgentUser string
-	// PermissionPolicy is "allow" (every tool call the agent asks about is
-	// allowed; the default) or "ask" (each becomes a permission_requested
-	// event the control plane answers) [TALKIDE_PERMISSION_POLICY].
-	PermissionPolicy string
-	// PermissionTimeout denies an unanswered permission request after this
-	// long [TALKIDE_PERMISSION_TIMEOUT]. Default 5 minutes.
-	PermissionTimeout time.Duration
-	// KeepEvents bounds each conversation's event log (the oldest events are
-	// dropped beyond it) [TALKIDE_EVENT_RETENTION]. Default 10000.
-	KeepEvents int
-	// MaxConversations caps the conversations of this tenant-env on the
-	// session volume [TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV];
-	// MaxConversationsPerUser one user's among them
-	// [TALKIDE_MAX_CONVERSATIONS_PER_USER]. A create beyond a cap is 429.
-	// Defaults 1000 and 100 (the control plane enforces the same settings
-	// first; these are its backstop).
-	MaxConversations, MaxConversationsPerUser int
-	// HostUIDDir is the host-wide directory of agent uid claims, shared by
-	// every worker on the machine so no two hand out the same uid
-	// [TALKIDE_HOST_UID_DIR; cmd/talkide-worker defaults it to
-	// /run/talkide/uids]. Empty: this worker is alone on its host.
-	HostUIDDir string
-	// AgentUIDRange is the First and Count of the per-conversation agent
-	// uids (Dir and HostDir come from SessionDir and HostUIDDir). Zero:
-	// sandbox.DefaultUIDs. Every worker of a host must use the same range
-	// with the same HostUIDDir.
-	AgentUIDRange sandbox.UIDRange
-	// MetricsToken is the bearer token GET /metrics requires
-	// [TALKIDE_METRICS_TOKEN, at least 16 characters]. Empty: /metrics
-	// answers 403 (the agent shares the worker's host and loopback).
-	MetricsToken string
-	// Containment is ContainmentStrict (the default: every agent runs in a
-	// jail of its own, see sandbox.Jail, and the worker refuses to start
-	// where it cannot build one) or ContainmentWeak [TALKIDE_CONTAINMENT].
-	Containment string
-	// ContainmentRequire are guarantees (contract.Guarantees names) the
-	// worker refuses to start without [TALKIDE_CONTAINMENT_REQUIRE,
-	// comma-separated]. Empty: it starts with what the host gives and
-	// reports the rest (log, metric, GET /v1/worker).
-	ContainmentRequire []string
-	// AgentLimits are each conversation's limits [TALKIDE_AGENT_MEMORY,
-	// TALKIDE_AGENT_PROCESSES, TALKIDE_AGENT_CPU_WEIGHT, TALKIDE_AGENT_DISK,
-	// TALKIDE_AGENT_FILES]; zero fields take sandbox.DefaultLimits (2 GiB,
-	// 512, 100, 10 GiB, 500,000), -1 means none. The disk and file limits
-	// hold in weak containment too.
-	AgentLimits sandbox.Limits
-	// AgentNetwork is AgentNetworkPrivate (the default: each agent a
-	// network namespace of its own, reaching only its local gateway proxy)
-	// or AgentNetworkHost (agents share the worker's network)
-	// [TALKIDE_AGENT_NETWORK].
-	AgentNetwork string
-	// AgentReadPaths are host paths agents see read-only besides
-	// sandbox.DefaultReadOnly [TALKIDE_AGENT_READ_PATHS].
-	AgentReadPaths []string
-	// MinFreeDisk is the free space of the session volume below which new
-	// work (creates, messages, streams, loads) is refused with 503
-	// [TALKIDE_MIN_FREE_DISK, a size such as 256MiB, or none]. Default
-	// 256 MiB; -1: not checked. See limits.go for the other limits.
-	MinFreeDisk int64
-	// CLITmpDir holds the CLI processes' private temp dirs, on local disk
-	// [TALKIDE_CLI_TMP_DIR]. Default <os temp dir>/talkide-cli/<WorkerID>.
-	CLITmpDir string
-	// Builds configures the agent's build tool (talkide-build).
-	Builds BuildConfig
-	Logger *slog.Logger
-}
-
-// Validate applies defaults and checks c, returning an error that tells the
-// operator what to set.
-func (c *Config) Validate() error {
-	var errs []error
-	if c.Tenant == "" || c.Env == "" {
-		errs = append(errs, errors.New("set TALKIDE_TENANT and TALKIDE_ENV"))
-	}
-	if len(c.RequestKeys) == 0 {
-		errs = append(errs, errors.New("set TALKIDE_WORKER_REQUEST_KEYS (the control plane prints them: talkide-controlplane worker-credentials)"))
-	}
-	switch {
-	case c.IdentityToken != "" && c.IdentityTokenFile != "":
-		errs = append(errs, errors.New("set TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE, not both"))
-	case c.NoOpUpstream != nil:
-	case c.GatewayBaseURL == nil || (c.IdentityToken == "" && c.IdentityTokenFile == ""):
-		errs = append(errs, errors.New("set TALKIDE_GATEWAY_BASE_URL and TALKIDE_WORKER_IDENTITY_TOKEN or TALKIDE_WORKER_IDENTITY_TOKEN_FILE (or, for development only, TALKIDE_NOOP_UPSTREAM_URL)"))
-	case c.Tenant != "" && c.Env != "":
-		if _, err := c.newIdentity(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if c.IdentityFailureGrace <= 0 {
-		c.IdentityFailureGrace = 60 * time.Second
-	}
-	if c.Addr == "" {
-		c.Addr = ":8080"
-	}
-	if c.SessionDir == "" {
-		c.SessionDir = "/data/claude"
-		if _, err := os.Stat(c.SessionDir); err != nil {
-			errs = append(errs, errors.New("set TALKIDE_SESSION_DIR: the default session volume /data/claude does not exist (mount the claude-sessions volume there)"))
-		}
-	}
-	if c.ClaudeConfigDir == "" {
-		c.ClaudeConfigDir = filepath.Join(c.SessionDir, "claude-config")
-	}
-	if c.ClaudeBin == "" {
-		bin, err := claudecli.Find()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		c.ClaudeBin = bin
-	}
-	if c.ShutdownGrace <= 0 {
-		c.ShutdownGrace = 20 * time.Second
-	}
-	if c.MinFreeDisk == 0 {
-		c.MinFreeDisk = 256 << 20
-	}
-	if c.KeepEvents <= 0 {
-		c.KeepEvents = 10000
-	}
-	if c.WorkerID == "" {
-		c.WorkerID, _ = os.Hostname()
-	}
-	switch c.LeaseBackend {
-	case "":
-		c.LeaseBackend = "file"
-	case "file", "kubernetes":
-	default:
-		errs = append(errs, fmt.Errorf("TALKIDE_LEASE_BACKEND %q: want file or kubernetes", c.LeaseBackend))
-	}
-	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
-		errs = append(errs, errors.New("TALKIDE_METRICS_TOKEN: use at least 16 characters (e.g. openssl rand -hex 32)"))
-	}
-	procs := c.MaxProcesses
-	if procs <= 0 {
-		procs = 4 // the harness's default
-	}
-	if c.MaxProcessesPerUser < 0 || c.MaxProcessesPerUser > procs {
-		errs = append(errs, fmt.Errorf("TALKIDE_MAX_PROCESSES_PER_USER %d: want 1 to TALKIDE_MAX_PROCESSES (%d)", c.MaxProcessesPerUser, procs))
-	}
-	if c.MaxConversations < 0 || c.MaxConversationsPerUser < 0 {
-		errs = append(errs, errors.New("TALKIDE_MAX_CONVERSATIONS_PER_TENANT_ENV and TALKIDE_MAX_CONVERSATIONS_PER_USER: want positive integers"))
-	}
-	if err := c.validateContainment(); err != nil {
-		errs = append(errs, err)
-	}
-	switch c.Builds.Mode {
-	case "", BuildsKubernetes, BuildsLocal, BuildsOff:
-	default:
-		errs = append(errs, fmt.Errorf("TALKIDE_BUILDS %q: want kubernetes, local or off", c.Builds.Mode))
-	}
-	if c.Builds.Mode == BuildsKubernetes && c.Builds.Image == "" {
-		errs = append(errs, errors.New("TALKIDE_BUILDS=kubernetes needs TALKIDE_BUILD_IMAGE, the Gradle builder image pinned by digest (make images builds talkide-builder-gradle)"))
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return errors.Join(errs...)
-}
-
-// newIdentity reads the identity token (IdentityToken or
-// IdentityTokenFile) and checks that it is an unexpired identity token of
-// this worker's tenant-env; the file is read again whenever it changes.
-func (c *Config) newIdentity() (*localproxy.Identity, error) {
-	log := c.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	return localproxy.NewIdentity(localproxy.IdentityConfig{
-		Token: c.IdentityToken, File: c.IdentityTokenFile, Tenant: c.Tenant, Env: c.Env,
-		Logger: log.With("tenant", c.Tenant, "env", c.Env, "component", "identity"),
-	})
-}
 
 // Run runs the worker until ctx ends: it checks the CLI version, opens the
 // SessionStore, starts the LocalGatewayProxyServer, the harness and the API
@@ -296,80 +34,103 @@ func (c *Config) newIdentity() (*localproxy.Identity, error) {
 // identity token can no longer mint and no successor appears within
 // c.IdentityFailureGrace, it shuts down the same way and returns an
 // *IdentityError.
+//
+// Run owns ln from the call on: it is closed when Run returns, as is
+// everything Run opened, whether start-up failed or not.
 func Run(ctx context.Context, c Config, ln net.Listener) error {
-	log := c.Logger.With("tenant", c.Tenant, "env", c.Env)
-	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
+	var res resources
+	defer res.release()
+	if ln != nil {
+		res.closeLast(ln)
+	}
+	w, err := assemble(ctx, c, ln, &res)
+	if err != nil {
 		return err
 	}
-	var mc *localproxy.MintClient // nil without a control plane
-	if c.NoOpUpstream == nil {
-		id, err := c.newIdentity()
-		if err != nil {
-			return err
-		}
-		mc = &localproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
+	return w.serve(ctx)
+}
+
+// resources is what Run opened that outlives a function call: listeners,
+// the jail's cgroups. Each is handed to it once, right after it is opened,
+// and released there alone, last first, when Run returns; a listener a
+// server already closed on its way out is closed again harmlessly.
+type resources struct{ undo []func() }
+
+// closeLast has c closed when Run returns, before what was added earlier.
+func (r *resources) closeLast(c interface{ Close() error }) {
+	r.undo = append(r.undo, func() { _ = c.Close() })
+}
+
+// add has f run when Run returns, before what was added earlier.
+func (r *resources) add(f func()) { r.undo = append(r.undo, f) }
+
+func (r *resources) release() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		r.undo[i]()
+	}
+}
+
+// A worker is what assemble made of a Config: every part built and wired,
+// nothing running yet. Its listeners and cgroups belong to Run's resources.
+type worker struct {
+	c        Config
+	log      *slog.Logger
+	self     lease.Identity
+	ln       net.Listener // the API's, within the connection budget
+	local    *localproxy.Server
+	localLn  net.Listener
+	identity *localproxy.Identity // nil in development mode (no control plane)
+	rep      *reporting
+	bld      *builds
+	h        *harness.Harness
+	api      *Server
+}
+
+// assemble builds the worker's parts from c in dependency order, handing
+// every listener and cgroup to res as soon as it exists. It starts no
+// goroutine; an error leaves nothing but what res releases.
+func assemble(ctx context.Context, c Config, ln net.Listener, res *resources) (*worker, error) {
+	w := &worker{c: c, log: c.Logger.With("tenant", c.Tenant, "env", c.Env)}
+	log := w.log
+	if err := claudecli.CheckVersion(ctx, c.ClaudeBin); err != nil {
+		return nil, err
+	}
+	gp, mc, err := newGatewayProxy(c, log)
+	if err != nil {
+		return nil, err
+	}
+	if mc != nil {
+		w.identity = mc.Identity
 	}
 	store, err := sessionstore.Open(filepath.Join(c.SessionDir, "talkide"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	store.KeepEvents = c.KeepEvents
-	var gp localproxy.GatewayProxy
-	if mc == nil {
-		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
-		gp = &localproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}
-	} else {
-		gp = &localproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}
-	}
 	if ln == nil {
-		ln, err = net.Listen("tcp", c.Addr)
-		if err != nil {
-			return fmt.Errorf("listen %s: %w", c.Addr, err)
+		if ln, err = net.Listen("tcp", c.Addr); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", c.Addr, err)
 		}
+		res.closeLast(ln)
 	}
-	local := localproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
-	localLn, err := local.Listen()
-	if err != nil {
-		return err
+	w.local = localproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
+	if w.localLn, err = w.local.Listen(); err != nil {
+		return nil, err
 	}
+	res.closeLast(w.localLn)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rep, err := newReporting(c, mc, store, log, reg)
-	if err != nil {
-		localLn.Close()
-		return err
+	if w.rep, err = newReporting(c, mc, store, log, reg); err != nil {
+		return nil, err
 	}
-	identity := lease.Identity{Holder: c.WorkerID, Incarnation: token.NewID(), Address: advertise(c, ln)}
-	leases, err := newLeaseManager(c, identity)
+	w.self = lease.Identity{Holder: c.WorkerID, Incarnation: token.NewID(), Address: advertise(c, ln)}
+	leases, err := newLeaseManager(c, w.self)
 	if err != nil {
-		localLn.Close()
-		return err
+		return nil, err
 	}
-	// Agents run as users of their own when the worker can switch users:
-	// one per conversation by default, so conversations cannot read each
-	// other either; or one fixed account; or the worker's own ("self").
-	var agent *sandbox.User
-	var agentUIDs *sandbox.UIDRange
-	switch {
-	case c.AgentUser == "self":
-	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
-		r, err := agentUIDRange(c.AgentUIDRange)
-		if err != nil {
-			localLn.Close()
-			return err
-		}
-		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
-		r.HostDir = c.HostUIDDir
-		agentUIDs = &r
-		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
-	case c.AgentUser != "":
-		u, err := sandbox.ParseUser(c.AgentUser)
-		if err != nil {
-			localLn.Close()
-			return err
-		}
-		agent = &u
-		log.Info("agents run as an unprivileged user", "uid", agent.UID, "gid", agent.GID)
+	agent, agentUIDs, err := agentAccounts(c, log)
+	if err != nil {
+		return nil, err
 	}
 	// The open-files budget is divided now, with what start-up opened so
 	// far; the few files opened below come out of the reserve.
@@ -378,131 +139,90 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		maxProcs = 4 // the harness's default
 	}
 	budget := newFDBudget(httpapi.OpenFilesLimit(), openFiles(httpapi.OpenFilesLimit()), maxProcs)
-	var h *harness.Harness
-	limits := newAdmission(budget, maxProcs, func() int { return h.LiveProcesses() },
+	limits := newAdmission(budget, maxProcs, func() int { return w.h.LiveProcesses() },
 		cachedFor(openFilesTTL, func() int { return openFiles(budget.Limit) }), c.SessionDir, c.MinFreeDisk)
 	log.Info("open-files budget", "budget", budget.String(), "min_free_disk_mib", c.MinFreeDisk>>20, "go_memory_limit_mib", limits.memLimit>>20)
-	ln = httpapi.LimitListener(ln, budget.MaxConns, "this worker serves its limit of connections; retry shortly")
+	w.ln = httpapi.LimitListener(ln, budget.MaxConns, "this worker serves its limit of connections; retry shortly")
 	probe := agent
 	if agentUIDs != nil {
 		probe = &sandbox.Nobody
 	}
-	jail, containment, err := newJail(c, cgroupName(identity), probe, agentUIDs != nil, log)
+	jail, containment, err := newJail(c, cgroupName(w.self), probe, agentUIDs != nil, log)
 	if err != nil {
-		localLn.Close()
-		return err
+		return nil, err
 	}
-	defer closeCgroups(jail)
+	res.add(func() { closeCgroups(jail) })
 	logContainment(containment, log)
-	containmentGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "talkide_worker_containment",
-		Help: "1 for each agent-containment guarantee this worker's host gives, 0 for each it does not (docs/security.md, \"Agent containment\")."}, []string{"guarantee"})
-	for _, g := range containment.Guarantees {
-		v := 0.0
-		if g.Held {
-			v = 1
-		}
-		containmentGauge.WithLabelValues(g.Name).Set(v)
+	reg.MustRegister(containmentGauge(containment))
+	if w.bld, err = newBuilds(c, store, jail, inClusterClient, log); err != nil {
+		return nil, err
 	}
-	reg.MustRegister(containmentGauge)
-	bld, err := newBuilds(c, store, jail, func() (kubernetes.Interface, string, error) {
-		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
-		if err != nil {
-			return nil, "", err
-		}
-		cs, err := kubernetes.NewForConfig(rc)
-		return cs, ns, err
-	}, log)
-	if err != nil {
-		localLn.Close()
-		return err
+	w.rep.mcp.builds = w.bld.server
+	hc := harnessConfig(c, log)
+	hc.AgentUser, hc.AgentUIDs, hc.Jail = agent, agentUIDs, jail
+	hc.Leases, hc.Identity = leases, w.self
+	hc.MCP, hc.OnEvent = w.rep.mcp, w.rep.notify
+	hc.AdmitLoad = limits.admitLoad
+	if w.h, err = harness.New(hc, store, w.local); err != nil {
+		return nil, err
 	}
-	rep.mcp.builds = bld.server
-	h, err = harness.New(harness.Config{
-		AgentUser:         agent,
-		AgentUIDs:         agentUIDs,
-		PermissionPolicy:  c.PermissionPolicy,
-		PermissionTimeout: c.PermissionTimeout,
-		Leases:            leases,
-		Identity:          identity,
-		MaxProcesses:      c.MaxProcesses,
-		ShutdownGrace:     c.ShutdownGrace,
-		TmpRoot:           c.CLITmpDir,
-		MCP:               rep.mcp,
-		OnEvent:           rep.notify,
-		ClaudeBin:         c.ClaudeBin,
-		ConfigDir:         c.ClaudeConfigDir,
-		WorkspaceRoot:     filepath.Join(c.SessionDir, "workspaces"),
-		HomeDir:           filepath.Join(c.SessionDir, "home"),
-		Model:             c.Model,
-		PermissionMode:    c.PermissionMode,
-		IdleTimeout:       c.IdleTimeout,
-		ExtraEnv:          c.CLIExtraEnv,
-		Jail:              jail,
-		DiskLimit:         c.AgentLimits.DiskBytes,
-		DiskFileLimit:     c.AgentLimits.DiskFiles,
-		Logger:            log.With("component", "harness"),
-
-		MaxConversations:        c.MaxConversations,
-		MaxConversationsPerUser: c.MaxConversationsPerUser,
-		MaxProcessesPerUser:     c.MaxProcessesPerUser,
-		AdmitLoad:               limits.admitLoad,
-	}, store, local)
-	if err != nil {
-		localLn.Close()
-		return err
-	}
-	if n, err := h.ReclaimOrphanUIDs(); err != nil {
+	if n, err := w.h.ReclaimOrphanUIDs(); err != nil {
 		log.Error("release agent uids of deleted conversations", "err", err)
 	} else if n > 0 {
 		log.Info("released agent uids of deleted conversations", "count", n)
 	}
-	h.RegisterMetrics(reg)
-	api := NewServer(h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
-	api.identity = identity.Holder
-	api.limits = limits
-	api.containment = containment
-	api.builds = bld.server
-	api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
+	w.h.RegisterMetrics(reg)
+	w.api = NewServer(w.h, c.Tenant, c.Env, c.RequestKeys, log.With("component", "api"))
+	w.api.identity = w.self.Holder
+	w.api.limits = limits
+	w.api.containment = containment
+	w.api.builds = w.bld.server
+	w.api.mux.Handle("GET /metrics", httpapi.Handle(log, httpapi.MetricsAuth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), c.MetricsToken)))
+	return w, nil
+}
 
-	// Shutdown order: readiness turns false; the harness winds down (running
-	// turns finish or are interrupted, leases released) while the API and
-	// the local proxy keep serving (status, events, the CLI's last model
-	// calls); then the API and the local proxy stop.
+// serve starts every part and runs until ctx ends or one of them fails,
+// then shuts down in order: readiness turns false; the harness winds down
+// (running turns finish or are interrupted, leases released) while the API
+// and the local proxy keep serving (status, events, the CLI's last model
+// calls); then reporting, the API and the local proxy stop. It returns the
+// first part's error, or nil.
+func (w *worker) serve(ctx context.Context) error {
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
 	hctx, stopHarness := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHarness()
-	srv := httpapi.NewServer(serveCtx, ln.Addr().String(), api, log)
+	srv := httpapi.NewServer(serveCtx, w.ln.Addr().String(), w.api, w.log)
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
 	harnessDone := make(chan struct{})
-	wg.Go(func() { errc <- local.Serve(serveCtx, localLn) })
-	if mc != nil {
+	wg.Go(func() { errc <- w.local.Serve(serveCtx, w.localLn) })
+	if w.identity != nil {
 		wg.Go(func() {
-			errc <- watchIdentity(serveCtx, mc.Identity, c.IdentityFailureGrace, api, log.With("component", "identity"))
+			errc <- watchIdentity(serveCtx, w.identity, w.c.IdentityFailureGrace, w.api, w.log.With("component", "identity"))
 		})
 	}
-	wg.Go(func() { defer close(harnessDone); errc <- h.Run(hctx) })
-	stopReporting := rep.start(serveCtx, h)
-	if n, err := h.Recover(); err != nil {
-		log.Error("recover conversations", "err", err)
+	wg.Go(func() { defer close(harnessDone); errc <- w.h.Run(hctx) })
+	stopReporting := w.rep.start(serveCtx, w.h)
+	if n, err := w.h.Recover(); err != nil {
+		w.log.Error("recover conversations", "err", err)
 	} else if n > 0 {
-		log.Info("recovered conversations with waiting or interrupted work", "count", n)
+		w.log.Info("recovered conversations with waiting or interrupted work", "count", n)
 	}
-	wg.Go(func() { bld.run(serveCtx, h) })
-	log.Info("worker listening", "addr", ln.Addr().String(), "worker_id", identity.Holder, "advertise", identity.Address,
-		"leases", c.LeaseBackend, "claude_code", claudecli.PinnedVersion)
-	wg.Go(func() { errc <- httpapi.Serve(serveCtx, srv, ln, 5*time.Second) })
+	wg.Go(func() { w.bld.run(serveCtx, w.h) })
+	w.log.Info("worker listening", "addr", w.ln.Addr().String(), "worker_id", w.self.Holder, "advertise", w.self.Address,
+		"leases", w.c.LeaseBackend, "claude_code", claudecli.PinnedVersion)
+	wg.Go(func() { errc <- httpapi.Serve(serveCtx, srv, w.ln, 5*time.Second) })
 
 	var first error
 	select {
 	case <-ctx.Done():
 	case first = <-errc:
 	}
-	api.notReady.Store(true)
-	log.Info("worker stopping")
+	w.api.notReady.Store(true)
+	w.log.Info("worker stopping")
 	// Build Jobs outlive the worker: the next one delivers their results.
-	bld.server.Detach()
+	w.bld.server.Detach()
 	stopHarness()
 	<-harnessDone
 	stopReporting() // after the harness: its last events are reported too
@@ -515,6 +235,105 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 		}
 	}
 	return first
+}
+
+// newGatewayProxy returns how the CLI's model calls leave the worker: the
+// MintingGatewayProxy with the identity token's mint client, or, in
+// development mode (c.NoOpUpstream set), the NoOpGatewayProxy and a nil
+// client.
+func newGatewayProxy(c Config, log *slog.Logger) (localproxy.GatewayProxy, *localproxy.MintClient, error) {
+	if c.NoOpUpstream != nil {
+		log.Warn("development mode: model calls go straight to the upstream with a local key (NoOpGatewayProxy)", "upstream", c.NoOpUpstream.String())
+		return &localproxy.NoOpGatewayProxy{Upstream: c.NoOpUpstream, APIKey: c.NoOpAPIKey}, nil, nil
+	}
+	id, err := c.newIdentity()
+	if err != nil {
+		return nil, nil, err
+	}
+	mc := &localproxy.MintClient{Base: c.GatewayBaseURL, Identity: id}
+	return &localproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}, mc, nil
+}
+
+// agentAccounts says whom agents run as when the worker can switch users:
+// one user per conversation (a range of uids; the default for a root
+// worker), so conversations cannot read each other either; or one fixed
+// account; or the worker's own (both nil: "self", or a worker that is not
+// root).
+func agentAccounts(c Config, log *slog.Logger) (*sandbox.User, *sandbox.UIDRange, error) {
+	switch {
+	case c.AgentUser == "self":
+		return nil, nil, nil
+	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
+		r, err := agentUIDRange(c.AgentUIDRange)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
+		r.HostDir = c.HostUIDDir
+		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
+		return nil, &r, nil
+	case c.AgentUser != "":
+		u, err := sandbox.ParseUser(c.AgentUser)
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("agents run as an unprivileged user", "uid", u.UID, "gid", u.GID)
+		return &u, nil, nil
+	}
+	return nil, nil, nil
+}
+
+// containmentGauge is talkide_worker_containment: 1 for each guarantee
+// rep says holds, 0 for each it says does not.
+func containmentGauge(rep contract.Containment) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "talkide_worker_containment",
+		Help: "1 for each agent-containment guarantee this worker's host gives, 0 for each it does not (docs/security.md, \"Agent containment\")."}, []string{"guarantee"})
+	for _, gu := range rep.Guarantees {
+		v := 0.0
+		if gu.Held {
+			v = 1
+		}
+		g.WithLabelValues(gu.Name).Set(v)
+	}
+	return g
+}
+
+// harnessConfig is the part of the harness's configuration that comes
+// straight from c; assemble adds the parts it built.
+func harnessConfig(c Config, log *slog.Logger) harness.Config {
+	return harness.Config{
+		PermissionPolicy:  c.PermissionPolicy,
+		PermissionTimeout: c.PermissionTimeout,
+		MaxProcesses:      c.MaxProcesses,
+		ShutdownGrace:     c.ShutdownGrace,
+		TmpRoot:           c.CLITmpDir,
+		ClaudeBin:         c.ClaudeBin,
+		ConfigDir:         c.ClaudeConfigDir,
+		WorkspaceRoot:     filepath.Join(c.SessionDir, "workspaces"),
+		HomeDir:           filepath.Join(c.SessionDir, "home"),
+		Model:             c.Model,
+		PermissionMode:    c.PermissionMode,
+		IdleTimeout:       c.IdleTimeout,
+		ExtraEnv:          c.CLIExtraEnv,
+		DiskLimit:         c.AgentLimits.DiskBytes,
+		DiskFileLimit:     c.AgentLimits.DiskFiles,
+		Logger:            log.With("component", "harness"),
+
+		MaxConversations:        c.MaxConversations,
+		MaxConversationsPerUser: c.MaxConversationsPerUser,
+		MaxProcessesPerUser:     c.MaxProcessesPerUser,
+	}
+}
+
+// inClusterClient is the Kubernetes client of build Jobs: credentials and
+// namespace as kubeConfig finds them.
+func inClusterClient() (kubernetes.Interface, string, error) {
+	rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	return cs, ns, err
 }
 
 // advertise returns the URL other replicas use to reach this one.
@@ -533,85 +352,4 @@ func advertise(c Config, ln net.Listener) string {
 		}
 	}
 	return "http://" + net.JoinHostPort(host, port)
-}
-
-// newLeaseManager returns the conversation lease backend of c.
-func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
-	cfg := lease.Config{Identity: id}
-	if c.LeaseBackend == "kubernetes" {
-		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes leases: %w", err)
-		}
-		cs, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes leases: %w", err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = checkKubeRights(ctx, cs, ns, c.Logger)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes leases: %w", err)
-		}
-		return lease.NewKubeManager(cs, ns, cfg)
-	}
-	return lease.NewFileManager(filepath.Join(c.SessionDir, "talkide", "leases"), cfg)
-}
-
-// serviceAccountNamespaceFile is where a pod finds its namespace.
-const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-// kubeConfig returns the client configuration and the namespace of the
-// Kubernetes lease backend. Credentials come from the kubeconfig files in
-// $KUBECONFIG (a list, as kubectl reads it) when it is set, else from the
-// pod's service account (in-cluster). The namespace is $POD_NAMESPACE, else
-// the one in nsFile (the service account's), else the kubeconfig's current
-// context's; none of them is an error.
-func kubeConfig(nsFile string) (*rest.Config, string, error) {
-	var rc *rest.Config
-	var contextNS string
-	if kc := os.Getenv("KUBECONFIG"); kc != "" {
-		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			&clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(kc)}, &clientcmd.ConfigOverrides{})
-		var err error
-		if rc, err = cc.ClientConfig(); err != nil {
-			return nil, "", fmt.Errorf("KUBECONFIG: %w", err)
-		}
-		raw, err := cc.RawConfig()
-		if err != nil {
-			return nil, "", fmt.Errorf("KUBECONFIG: %w", err)
-		}
-		if ctx := raw.Contexts[raw.CurrentContext]; ctx != nil {
-			contextNS = ctx.Namespace
-		}
-	} else {
-		var err error
-		if rc, err = rest.InClusterConfig(); err != nil {
-			return nil, "", fmt.Errorf("in-cluster credentials (outside a pod, set KUBECONFIG): %w", err)
-		}
-	}
-	ns := os.Getenv("POD_NAMESPACE")
-	if ns == "" {
-		if b, err := os.ReadFile(nsFile); err == nil {
-			ns = strings.TrimSpace(string(b))
-		}
-	}
-	if ns == "" {
-		ns = contextNS
-	}
-	if ns == "" {
-		return nil, "", fmt.Errorf("set POD_NAMESPACE: no namespace in %s nor in the kubeconfig's current context", nsFile)
-	}
-	return rc, ns, nil
-}
-
-// ParseExtraEnv splits "NAME=value,NAME=value".
-func ParseExtraEnv(s string) []string {
-	var out []string
-	for kv := range strings.SplitSeq(s, ",") {
-		if kv = strings.TrimSpace(kv); kv != "" {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
