@@ -10,6 +10,8 @@ import { parseBlocks, parseInline } from "../src/lib/markdown.js";
 import { apply, isBudgetRefusal, newTimeline, pendingPermissions } from "../src/lib/timeline.js";
 import { visible } from "../src/lib/format.js";
 import { readBooked, sumBooked, turnCost } from "../src/lib/booked.js";
+import { newConversation } from "../src/lib/conversation.js";
+import { relPath, shortInput, toolName } from "../src/lib/tools.js";
 
 test("SSE: events across chunk boundaries, CRLF, comments and multi-line data", () => {
   const got = [];
@@ -164,4 +166,121 @@ test("booked cost: a turn shows what its calls were booked, read again until all
   assert.equal(turnCost(item, { error: "offline" }).label, "≈$0.110 est.", "an unread booking falls back to the estimate");
   assert.equal(turnCost({ cost: 110000000, requestIds: [] }, null).label, "≈$0.110 est.", "a turn that names no calls shows the estimate");
   assert.deepEqual(sumBooked(null, ids), { nano: 0, booked: 0, total: 2 });
+});
+
+// fakeAPI answers the store's calls from answers (method path -> value,
+// an Error to throw, or a function of the body), and records them.
+function fakeAPI(answers) {
+  const calls = [];
+  const call = async (method, path, body) => {
+    calls.push({ method, path, body });
+    const a = answers[method + " " + path];
+    if (a instanceof Error) throw a;
+    return typeof a === "function" ? a(body) : a;
+  };
+  return { call, calls };
+}
+
+test("conversation store: one change per batch, duplicates ignored, turn end told once", () => {
+  const told = [];
+  const on = { current: { onTurnEnd: () => told.push("turnEnd"), onChanged: () => told.push("changed") } };
+  const c = newConversation("c1", { call: fakeAPI({}).call, on, now: () => Date.parse("2026-12-02T10:00:01Z") });
+  const versions = [];
+  const off = c.subscribe((v) => versions.push(v));
+  c.receive([ev(1, "user_message", { client_message_id: "m1", text: "go" }), ev(2, "turn_started", { client_message_id: "m1" })]);
+  assert.deepEqual(versions, [1], "a batch is one change");
+  assert.equal(c.running(), true);
+  assert.equal(c.title(), "go", "untitled: the first message names it");
+  c.receive([ev(2, "turn_started", { client_message_id: "m1" })]);
+  assert.deepEqual(versions, [1], "an event seen before changes nothing");
+  c.state.interrupting = true;
+  c.receive([ev(3, "turn_completed", { client_message_id: "m1", usage: {}, duration_ms: 5 })]);
+  assert.equal(c.running(), false);
+  assert.equal(c.state.interrupting, false, "the end of the turn ends a pending interrupt");
+  assert.equal(c.state.announce, "The agent finished its turn.");
+  assert.deepEqual(told, ["turnEnd", "changed"]);
+  off();
+  c.receive([ev(4, "user_message", { client_message_id: "m2", text: "more" })]);
+  assert.deepEqual(versions, [1, 2], "no call after unsubscribe");
+});
+
+test("conversation store: old events are not announced", () => {
+  const c = newConversation("c1", { call: fakeAPI({}).call, now: () => Date.parse("2026-12-02T11:00:00Z") });
+  c.receive([ev(1, "permission_requested", { request_id: "r1", tool_name: "Bash", input: {} })]);
+  assert.equal(c.state.announce, "", "an hour-old request replayed on opening is not read out");
+  c.receive([{ id: 2, type: "permission_requested", time: "2026-12-02T11:00:05Z", data: { request_id: "r2", tool_name: "Write", input: {} } }]);
+  assert.equal(c.state.announce, "The agent asks for permission to use Write.");
+  assert.equal(c.pendingPermissions(), 2);
+});
+
+test("conversation store: a sent message is local until the stream shows it; a failed one is retried under its id", async () => {
+  let fail = true;
+  const api = fakeAPI({
+    "POST /api/conversations/c1/messages": () => {
+      if (fail) throw new Error("worker unavailable");
+      return { accepted: true };
+    },
+  });
+  const c = newConversation("c1", { call: api.call });
+  await c.send("hello", "m1");
+  assert.deepEqual(c.localOnly().map((p) => [p.cmid, p.state, p.error]), [["m1", "failed", "worker unavailable"]]);
+  fail = false;
+  const again = c.send("hello", "m1");
+  assert.deepEqual(c.localOnly().map((p) => [p.cmid, p.state]), [["m1", "sending"]], "a retry shows one bubble, sending again");
+  await again;
+  assert.deepEqual(c.localOnly().map((p) => p.state), ["queued"]);
+  assert.deepEqual(api.calls.map((x) => x.body.client_message_id), ["m1", "m1"], "the retry keeps its id, so the server sees it once");
+  c.receive([ev(1, "user_message", { client_message_id: "m1", text: "hello" })]);
+  assert.deepEqual(c.localOnly(), [], "the stream's copy replaces the local bubble");
+  assert.deepEqual(c.state.pending, []);
+});
+
+test("conversation store: handed-over messages are sent by start", async () => {
+  const api = fakeAPI({ "POST /api/conversations/c1/messages": { accepted: true } });
+  const c = newConversation("c1", { call: api.call, initialPending: [{ cmid: "m9", text: "first", state: "sending" }] });
+  assert.equal(api.calls.length, 0, "nothing is sent before start");
+  c.start();
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(api.calls.map((x) => [x.method, x.body.client_message_id, x.body.text]), [["POST", "m9", "first"]]);
+  assert.deepEqual(c.localOnly().map((p) => p.state), ["queued"]);
+});
+
+test("conversation store: interrupt, rename, a missing conversation", async () => {
+  const notFound = Object.assign(new Error("not found"), { status: 404 });
+  const told = [];
+  const api = fakeAPI({
+    "POST /api/conversations/c1/interrupt": new Error("worker unreachable"),
+    "PATCH /api/conversations/c1": (b) => ({ id: "c1", title: b.title }),
+    "GET /api/conversations/c1": { id: "c1", tenant: "t", env: "dev", title: "" },
+    "GET /api/conversations/gone": notFound,
+  });
+  const c = newConversation("c1", { call: api.call, on: { current: { onChanged: () => told.push("changed"), onMeta: (m) => told.push("meta " + m.tenant) } } });
+  await c.interrupt();
+  assert.equal(c.state.interrupting, false);
+  assert.equal(c.state.actionError, "Could not interrupt: worker unreachable");
+  await c.loadMeta();
+  await c.rename("Release notes");
+  assert.equal(c.title(), "Release notes");
+  assert.equal(c.state.meta.tenant, "t", "the record keeps what the rename did not return");
+  assert.deepEqual(told, ["meta t", "changed"]);
+  const g = newConversation("gone", { call: api.call });
+  await g.loadMeta();
+  assert.match(g.state.gone, /does not exist/);
+  const h = newConversation("c1", { call: api.call });
+  h.connection("gone", {});
+  assert.match(h.state.gone, /does not exist/, "a stream answered 404 says so too");
+  h.connection("reconnecting", { retryInMs: 2000 });
+  assert.deepEqual(h.state.conn, { state: "reconnecting", retryInMs: 2000 });
+});
+
+test("tools: an MCP tool's server, paths inside the working directory, one line of input", () => {
+  assert.deepEqual(toolName("mcp__talkide-builds__run_build"), { tool: "run_build", server: "talkide-builds" });
+  assert.deepEqual(toolName("Bash"), { tool: "Bash", server: "" });
+  assert.equal(relPath("/w/c1/src/a.go", "/w/c1/"), "src/a.go");
+  assert.equal(relPath("/w/c1", "/w/c1"), "/w/c1", "the directory itself is not inside it");
+  assert.equal(relPath("/etc/passwd", "/w/c1"), "/etc/passwd");
+  assert.equal(shortInput("Edit", { file_path: "/w/c1/x.txt" }, "/w/c1"), "x.txt");
+  assert.equal(shortInput("Grep", { pattern: "TODO", path: "src" }), "TODO in src");
+  assert.equal(shortInput("TodoWrite", { todos: [1, 2] }), "2 to-dos");
+  assert.equal(shortInput("mcp__x__y", { n: 1, args: ["a", "b"] }), "a b");
 });

@@ -2,7 +2,7 @@ import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { api, ApiError, paths, setToken, setUnauthorizedHandler, takeTokenFromHash, token } from "../lib/api.js";
 import { SignIn } from "./SignIn.jsx";
 import { Sidebar } from "./Sidebar.jsx";
-import { ConversationView } from "./ConversationView.jsx";
+import { ConversationView } from "./conversation/ConversationView.jsx";
 import { DraftView } from "./DraftView.jsx";
 import { IssuesPanel } from "./IssuesPanel.jsx";
 import { useConversationList } from "./useConversationList.js";
