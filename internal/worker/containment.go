@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/worker/lease"
 	"github.com/talkide/talkide/internal/worker/sandbox"
@@ -408,3 +409,47 @@ func agentUIDRangeIn(configured sandbox.UIDRange, lo, n uint64) (sandbox.UIDRang
 // userNamespaceFirstUID is the first agent uid in a user namespace of 65536
 // ids: 20000 to 65533, 45534 conversations.
 const userNamespaceFirstUID = 20000
+
+// agentAccounts says whom agents run as when the worker can switch users:
+// one user per conversation (a range of uids; the default for a root
+// worker), so conversations cannot read each other either; or one fixed
+// account; or the worker's own (both nil: "self", or a worker that is not
+// root).
+func agentAccounts(c Config, log *slog.Logger) (*sandbox.User, *sandbox.UIDRange, error) {
+	switch {
+	case c.AgentUser == "self":
+		return nil, nil, nil
+	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
+		r, err := agentUIDRange(c.AgentUIDRange)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
+		r.HostDir = c.HostUIDDir
+		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
+		return nil, &r, nil
+	case c.AgentUser != "":
+		u, err := sandbox.ParseUser(c.AgentUser)
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("agents run as an unprivileged user", "uid", u.UID, "gid", u.GID)
+		return &u, nil, nil
+	}
+	return nil, nil, nil
+}
+
+// containmentGauge is talkide_worker_containment: 1 for each guarantee
+// rep says holds, 0 for each it says does not.
+func containmentGauge(rep contract.Containment) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "talkide_worker_containment",
+		Help: "1 for each agent-containment guarantee this worker's host gives, 0 for each it does not (docs/security.md, \"Agent containment\")."}, []string{"guarantee"})
+	for _, gu := range rep.Guarantees {
+		v := 0.0
+		if gu.Held {
+			v = 1
+		}
+		g.WithLabelValues(gu.Name).Set(v)
+	}
+	return g
+}

@@ -14,9 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/client-go/kubernetes"
 
-	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/token"
 	"github.com/talkide/talkide/internal/worker/claudecli"
@@ -254,50 +252,6 @@ func newGatewayProxy(c Config, log *slog.Logger) (localproxy.GatewayProxy, *loca
 	return &localproxy.MintingGatewayProxy{Gateway: c.GatewayBaseURL, Mint: mc}, mc, nil
 }
 
-// agentAccounts says whom agents run as when the worker can switch users:
-// one user per conversation (a range of uids; the default for a root
-// worker), so conversations cannot read each other either; or one fixed
-// account; or the worker's own (both nil: "self", or a worker that is not
-// root).
-func agentAccounts(c Config, log *slog.Logger) (*sandbox.User, *sandbox.UIDRange, error) {
-	switch {
-	case c.AgentUser == "self":
-		return nil, nil, nil
-	case c.AgentUser == "per-conversation" || (c.AgentUser == "" && os.Geteuid() == 0):
-		r, err := agentUIDRange(c.AgentUIDRange)
-		if err != nil {
-			return nil, nil, err
-		}
-		r.Dir = filepath.Join(c.SessionDir, "talkide", "agent-uids")
-		r.HostDir = c.HostUIDDir
-		log.Info("each conversation's agent runs as a user of its own", "first_uid", r.First, "uids", r.Count)
-		return nil, &r, nil
-	case c.AgentUser != "":
-		u, err := sandbox.ParseUser(c.AgentUser)
-		if err != nil {
-			return nil, nil, err
-		}
-		log.Info("agents run as an unprivileged user", "uid", u.UID, "gid", u.GID)
-		return &u, nil, nil
-	}
-	return nil, nil, nil
-}
-
-// containmentGauge is talkide_worker_containment: 1 for each guarantee
-// rep says holds, 0 for each it says does not.
-func containmentGauge(rep contract.Containment) prometheus.Collector {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "talkide_worker_containment",
-		Help: "1 for each agent-containment guarantee this worker's host gives, 0 for each it does not (docs/security.md, \"Agent containment\")."}, []string{"guarantee"})
-	for _, gu := range rep.Guarantees {
-		v := 0.0
-		if gu.Held {
-			v = 1
-		}
-		g.WithLabelValues(gu.Name).Set(v)
-	}
-	return g
-}
-
 // harnessConfig is the part of the harness's configuration that comes
 // straight from c; assemble adds the parts it built.
 func harnessConfig(c Config, log *slog.Logger) harness.Config {
@@ -323,17 +277,6 @@ func harnessConfig(c Config, log *slog.Logger) harness.Config {
 		MaxConversationsPerUser: c.MaxConversationsPerUser,
 		MaxProcessesPerUser:     c.MaxProcessesPerUser,
 	}
-}
-
-// inClusterClient is the Kubernetes client of build Jobs: credentials and
-// namespace as kubeConfig finds them.
-func inClusterClient() (kubernetes.Interface, string, error) {
-	rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
-	if err != nil {
-		return nil, "", err
-	}
-	cs, err := kubernetes.NewForConfig(rc)
-	return cs, ns, err
 }
 
 // advertise returns the URL other replicas use to reach this one.

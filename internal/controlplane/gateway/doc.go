@@ -47,6 +47,15 @@
 //     budget covers, when that is at least MinLoweredMaxTokens, and the
 //     answer carries HeaderMaxTokensLowered.
 //
+// Files, one concern each: gateway.go (the Handler and its configuration),
+// admit.go (the WorkerToken and the reservation), quote.go and decode.go
+// (reading and pricing the request body), forward.go (the upstream
+// transport), meter.go (the tee that reads usage, and booking), clientgone.go
+// and lower.go (the decisions above), upstreamerr.go (why the upstream
+// could not be reached), keyrefused.go (an API key the upstream refuses),
+// namerequest.go (the request id in upstream errors), readiness.go
+// (CheckUpstream) and metrics.go.
+//
 // Main type: Handler. It does not mint tokens (package mint) or store prices
 // and budgets (package budget).
 package gateway

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -89,35 +88,6 @@ func printable(s string, n int) string {
 		s = string(r[:n]) + "…"
 	}
 	return s
-}
-
-// checkKey asks the upstream to list its models with the API key (free at
-// Anthropic: GET /v1/models) and returns a key-refused *UpstreamError when
-// it answers 401; any other answer says nothing against the key (an
-// upstream without the endpoint answers 404). A transport failure returns
-// the *UpstreamError describing it.
-func (h *Handler) checkKey(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, httpapi.JoinURL(h.cfg.Upstream, "/v1/models").String()+"?limit=1", nil)
-	if err != nil {
-		return &UpstreamError{Upstream: h.cfg.Upstream.Redacted(), Cause: "invalid URL: " + err.Error(), Unreachable: true, Err: err}
-	}
-	req.Header.Set("Anthropic-Version", anthropicVersion)
-	if h.cfg.APIKey != "" {
-		req.Header.Set("X-Api-Key", h.cfg.APIKey)
-	}
-	resp, err := h.cfg.Transport.RoundTrip(req)
-	if err != nil {
-		return describeUpstreamError(h.cfg.Upstream, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		h.refusal.Store(nil)
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxKeyRefusalBody))
-	ue := keyRefusalError(h, resp.StatusCode, b)
-	h.refusal.Store(ue)
-	return ue
 }
 
 // anthropicVersion is the API version the key check names.

@@ -293,3 +293,24 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	return b.Buffer.Write(p)
 }
+
+// drain reads the rest of an answer whose client is gone, until its usage
+// is known (a stream's message_start; the end of a JSON answer) or the
+// bound ends the upstream call, then settles the call.
+func (m *meteredBody) drain() {
+	m.h.bound(m.c)
+	m.drained = true
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	for !m.started.Load() {
+		if _, err := m.Read(*buf); err != nil {
+			break
+		}
+	}
+	m.c.cancelUp()
+	m.rc.Close()
+	m.once.Do(func() {
+		m.h.m.streams(-1)
+		m.settle(m.eof, true)
+	})
+}

@@ -19,11 +19,7 @@ import (
 func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
 	cfg := lease.Config{Identity: id}
 	if c.LeaseBackend == "kubernetes" {
-		rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes leases: %w", err)
-		}
-		cs, err := kubernetes.NewForConfig(rc)
+		cs, ns, err := inClusterClient()
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes leases: %w", err)
 		}
@@ -83,4 +79,16 @@ func kubeConfig(nsFile string) (*rest.Config, string, error) {
 		return nil, "", fmt.Errorf("set POD_NAMESPACE: no namespace in %s nor in the kubeconfig's current context", nsFile)
 	}
 	return rc, ns, nil
+}
+
+// inClusterClient is the Kubernetes client of the lease backend and of
+// build Jobs, with the namespace: credentials and namespace as kubeConfig
+// finds them.
+func inClusterClient() (kubernetes.Interface, string, error) {
+	rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	return cs, ns, err
 }
