@@ -97,7 +97,7 @@ func (p *spendParts) register(mux *http.ServeMux, cfg Config, log *slog.Logger) 
 	mux.Handle("GET /api/admin/budget/ledger", h(a.ledger))
 }
 
-// budgetAPI is the operator API over the UserBudgetService (docs/admin-api.md).
+// budgetAPI is the operator API over the UserBudgetService (docs/budget-admin-api.md).
 type budgetAPI struct {
 	svc *budget.Service
 	log *slog.Logger

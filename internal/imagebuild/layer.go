@@ -75,11 +75,6 @@ func (b *layerBuilder) file(name string, mode int64, data []byte) error {
 	return b.add(entry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data))}, data: data})
 }
 
-// symlink adds a symbolic link.
-func (b *layerBuilder) symlink(name, target string) error {
-	return b.add(entry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}})
-}
-
 // fileFrom adds the file at src (read when the layer is written), owned by
 // root, with mode 0755 if src has any execute bit, else 0644: the mode on
 // disk depends on the umask of whoever made it, the image's must not.

@@ -111,9 +111,6 @@ func BinDir(root string, v Versions) string {
 	return filepath.Join(root, ".cache", "k8s", v.Key())
 }
 
-// Built reports whether dir holds a complete set of v's binaries.
-func Built(dir string, v Versions) bool { return stamped(dir, v.Key()) }
-
 // stamped reports whether dir holds the complete set named key.
 func stamped(dir, key string) bool {
 	b, err := os.ReadFile(filepath.Join(dir, stampFile))

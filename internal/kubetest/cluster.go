@@ -653,9 +653,6 @@ func (c *Cluster) Stop() {
 	})
 }
 
-// Dir is the state directory (component logs are <name>.log there).
-func (c *Cluster) Dir() string { return c.dir }
-
 // Kubeconfig is the path of an admin (system:masters) kubeconfig.
 func (c *Cluster) Kubeconfig() string { return c.kubeconfig }
 

@@ -21,26 +21,6 @@ import (
 	"github.com/talkide/talkide/internal/platformtest"
 )
 
-// runCommand sends a message asking the agent to run cmd (the
-// development upstream runs a command in backticks with the Bash tool)
-// and returns the tool's output once the turn ends, failing the test if
-// the turn fails.
-func runCommand(t *testing.T, p *plane, s *platformtest.Stream, conv, cmd string) string {
-	t.Helper()
-	p.Send(conv, "please run `"+cmd+"`")
-	var out string
-	end := s.Until(3*time.Minute, func(ev contract.Event) bool {
-		if ev.Type == contract.EventToolResult {
-			out = platformtest.Payload[contract.ToolResult](t, ev).Content
-		}
-		return platformtest.TurnEnd(ev)
-	})
-	if end.Type != contract.EventTurnCompleted {
-		t.Fatalf("turn failed: %s\n%s", end.Data, p.describeWorker())
-	}
-	return out
-}
-
 // guarantee returns the named guarantee of a containment report.
 func guarantee(t *testing.T, c *contract.Containment, name string) contract.Guarantee {
 	t.Helper()

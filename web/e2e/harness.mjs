@@ -37,7 +37,7 @@ export const ENV = "dev";
 // loaded machine.
 export const TIMEOUT = 30_000;
 
-// The flags of the contract (notes/ui-contract.md). Playwright adds
+// Chromium's flags for a headless run as root in a container. Playwright adds
 // --headless and, without chromiumSandbox, --no-sandbox (needed as root);
 // it also gives each launch a new empty --user-data-dir in os.tmpdir(),
 // which is a fresh directory of this process (below).

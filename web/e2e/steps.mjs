@@ -1,6 +1,6 @@
 // Steps the browser scenarios share, on top of harness.mjs. They find
-// things by the accessible names and test ids of the UI contract
-// (notes/ui-contract.md) and wait on what the page shows, never on time.
+// things by accessible names, roles and data-testid attributes (the ones
+// web/src sets for them) and wait on what the page shows, never on time.
 import assert from "node:assert/strict";
 import { signIn, until, TIMEOUT } from "./harness.mjs";
 

@@ -85,11 +85,6 @@ func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	return d, nil
 }
 
-// Open opens an already-connected database of dialect d and migrates it.
-func Open(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
-	return migrate(ctx, db, d)
-}
-
 func migrate(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
 	gd := goose.DialectSQLite3
 	if d == Postgres {

@@ -31,7 +31,7 @@ func namespaceObject(c *Config, tenant, env string) *corev1.Namespace {
 	// The worker's pods need what Pod Security's "baseline" refuses
 	// (seccomp and AppArmor unconfined, an unmasked /proc) to build the
 	// agents' jails; they run in a user namespace (hostUsers: false), so
-	// root in them is not root on the node. docs/kubernetes.md says more.
+	// root in them is not root on the node. docs/deploying.md says more.
 	l["pod-security.kubernetes.io/enforce"] = "privileged"
 	l["pod-security.kubernetes.io/warn"] = "privileged"
 	return &corev1.Namespace{

@@ -101,10 +101,6 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 	return b, false, nil
 }
 
-func ackOf(key string) func(*sql.Tx) (any, error) {
-	return func(*sql.Tx) (any, error) { return contract.ReportAck{IdempotencyKey: key}, nil }
-}
-
 func decodeAck(raw json.RawMessage, dup bool) (contract.ReportAck, error) {
 	var a contract.ReportAck
 	if err := json.Unmarshal(raw, &a); err != nil {

@@ -63,11 +63,6 @@ export function relTime(t, now = Date.now()) {
   return d.toLocaleDateString(undefined, { day: "numeric", month: "short", year: d.getFullYear() === new Date(now).getFullYear() ? undefined : "numeric" });
 }
 
-export function absTime(t) {
-  const d = new Date(t);
-  return Number.isFinite(d.getTime()) ? d.toLocaleString() : "";
-}
-
 // oneLine shortens s to one line of at most n characters.
 export function oneLine(s, n = 80) {
   const t = String(s ?? "").replace(/\s+/g, " ").trim();
