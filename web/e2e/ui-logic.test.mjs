@@ -12,6 +12,7 @@ import { visible } from "../src/lib/format.js";
 import { readBooked, sumBooked, turnCost } from "../src/lib/booked.js";
 import { newConversation } from "../src/lib/conversation.js";
 import { relPath, shortInput, toolName } from "../src/lib/tools.js";
+import { mergeFirstPage } from "../src/lib/conversationList.js";
 
 test("SSE: events across chunk boundaries, CRLF, comments and multi-line data", () => {
   const got = [];
@@ -283,4 +284,15 @@ test("tools: an MCP tool's server, paths inside the working directory, one line 
   assert.equal(shortInput("Grep", { pattern: "TODO", path: "src" }), "TODO in src");
   assert.equal(shortInput("TodoWrite", { todos: [1, 2] }), "2 to-dos");
   assert.equal(shortInput("mcp__x__y", { n: 1, args: ["a", "b"] }), "a b");
+});
+
+test("conversation list: a fresh first page goes in front of the older pages loaded", () => {
+  const c = (id, at) => ({ id, created_at: at });
+  const old = [c("c5", "05"), c("c4", "04"), c("c3", "03"), c("c2", "02"), c("c1", "01")];
+  assert.deepEqual(mergeFirstPage(old, [c("c6", "06"), c("c5", "05")], false).map((x) => x.id), ["c6", "c5"], "no more pages: the fresh page is the list");
+  assert.deepEqual(
+    mergeFirstPage(old, [c("c6", "06"), c("c5", "05"), c("c3", "03")], true).map((x) => x.id),
+    ["c6", "c5", "c3", "c2", "c1"],
+    "c4, deleted, is dropped where the fresh page reaches past it; older ones are kept once",
+  );
 });

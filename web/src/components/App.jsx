@@ -5,7 +5,7 @@ import { Sidebar } from "./Sidebar.jsx";
 import { ConversationView } from "./conversation/ConversationView.jsx";
 import { DraftView } from "./DraftView.jsx";
 import { IssuesPanel } from "./IssuesPanel.jsx";
-import { useConversationList } from "./useConversationList.js";
+import { useConversationList } from "../lib/conversationList.js";
 
 const TE_KEY = "talkide-tenant-env";
 

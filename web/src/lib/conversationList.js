@@ -1,6 +1,6 @@
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
-import { api, ApiError, paths } from "../lib/api.js";
-import { useVisible } from "../lib/hooks.js";
+import { api, ApiError, paths } from "./api.js";
+import { useVisible } from "./hooks.js";
 
 // How often the list is read again while the page is visible. The first
 // page only: cheap for the control plane, enough to see new conversations,

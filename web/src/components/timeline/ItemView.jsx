@@ -3,7 +3,8 @@ import { Markdown } from "../Markdown.jsx";
 import { BuildCard } from "./BuildCard.jsx";
 import { PermissionRequest } from "./PermissionRequest.jsx";
 import { ToolCall } from "./ToolCall.jsx";
-import { TurnEnd, TurnFailed } from "./TurnEnd.jsx";
+import { TurnEnd } from "./TurnEnd.jsx";
+import { TurnFailed } from "./TurnFailed.jsx";
 import { UserMessage } from "./UserMessage.jsx";
 
 // ItemView renders one timeline item and re-renders only when the item
