@@ -48,6 +48,7 @@ help:
 ## drive (Debian's packages; as root via apt-get).
 tools: $(CLAUDE_STAMP) bwrap gradle chromium
 
+## bwrap: install Debian's bubblewrap, the agents' jail (part of tools)
 .PHONY: bwrap
 bwrap:
 	@command -v bwrap >/dev/null || { \
@@ -63,6 +64,7 @@ bwrap:
 # test libraries, offline (docs/builds.md). Without root, a missing one is
 # named and the rest goes on: the platform runs without builds, and the
 # local runner's tests fail saying the same.
+## gradle: install Debian's Gradle and JUnit 4, the local build runner (part of tools)
 .PHONY: gradle
 gradle:
 	@command -v gradle >/dev/null && [ -r /usr/share/java/junit4.jar ] || { \
@@ -76,6 +78,7 @@ gradle:
 # Debian's chromium: the headless browser the browser tests drive
 # (internal/e2e/browser_test.go, through playwright-core). Without root it
 # is named and the rest goes on; the browser test then fails saying so.
+## chromium: install Debian's Chromium, which the browser tests drive (part of tools)
 .PHONY: chromium
 chromium:
 	@command -v chromium >/dev/null || { \
@@ -132,23 +135,29 @@ build: web
 run: tools web build
 	$(BIN)/talkide run
 
+# PG_WARN says before a test run when the PostgreSQL tests are skipped on
+# purpose or will fail for want of a server.
+PG_WARN = if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
+	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
+
 ## test: the whole suite, with the race detector (what CI runs; .ci/run)
 ## Against the real CLI, PostgreSQL, the test cluster (built first by
 ## cluster-bins), Chromium; the chart tests use the pinned Helms (helm) and
 ## the images (images).
 test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
-	@if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP_POSTGRES=1: the PostgreSQL tests (control store, budget, gateway, control plane) are SKIPPED on purpose; this run does not cover PostgreSQL" >&2; \
-	elif [ -z "$$TALKIDE_TEST_POSTGRES_URL" ] && ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then echo "WARNING: nothing listens on 127.0.0.1:5432: the PostgreSQL tests will fail (README, \"What a fresh machine needs\"); set TALKIDE_SKIP_POSTGRES=1 to skip them on purpose" >&2; fi
-	@echo "go test -race ./...: 15 to 25 minutes on 2 cores (18 to 20 measured warm on a quiet one; longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
+	@$(PG_WARN)
+	@echo "go test -race ./...: 18 to 25 minutes on 2 cores (18 to 20 measured warm on a quiet one; longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
 	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
 ## check: the fast lane: vet, gofmt, tidy and every test without cluster, CLI or browser
 ## `go test -short`: the tests that need the test cluster, the real Claude Code
-## CLI or Chromium say so and are left to `make test` (internal/testlane); about
-## 2 minutes warm on 2 cores (docs/testing.md). `make test` stays the whole
-## suite and is what CI runs.
+## CLI (the browser tests too), Helm or the node's packages say so and are left
+## to `make test` (internal/testlane); about 2 minutes warm on 2 cores, 10 with
+## empty Go caches (docs/testing.md). Needs PostgreSQL as make test does.
+## `make test` stays the whole suite and is what CI runs.
 check: tools web sdk-ts vet fmt-check tidy-check
+	@$(PG_WARN)
 	$(GO) test -short -count=1 ./...
 
 ## fuzz: run every fuzz target for FUZZTIME (default 10s) and print its executions
@@ -156,18 +165,20 @@ check: tools web sdk-ts vet fmt-check tidy-check
 ## ends with one line; a failing input is kept in the package's testdata/fuzz/.
 FUZZTIME ?= 10s
 fuzz:
-	$(GO) run ./scripts/fuzz -fuzztime $(FUZZTIME)
+	GO=$(GO) $(GO) run ./scripts/fuzz -fuzztime $(FUZZTIME)
 
 ## vet: go vet ./...
 vet:
 	@echo "go vet ./...: up to 3 minutes the first time (it type-checks every package and its tests), seconds afterwards"
 	$(GO) vet ./...
 
+## tidy-check: fail unless go.mod and go.sum are tidy (go mod tidy -diff)
 # go.mod and go.sum say exactly what the code imports (go mod tidy).
 .PHONY: tidy-check
 tidy-check:
 	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod or go.sum is not tidy: run go mod tidy" >&2; $(GO) mod tidy -diff >&2; exit 1; }
 
+## fmt-check: fail unless every Go file is gofmt-formatted
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out" >&2; exit 1; }
 
@@ -201,13 +212,13 @@ images: tools web
 cluster-bins: $(K8S_BIN_DIR)/.stamp $(NODE_BIN_DIR)/.stamp
 
 $(K8S_BIN_DIR)/.stamp: internal/kubetest/versions.env
-	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 15 to 45 minutes on 2 cores with an empty Go build cache (16 measured on a quiet machine), about 2 with a warm one. This is normal; make test goes on by itself afterwards."
+	@[ -x $(K8S_BIN_DIR)/kube-apiserver ] || echo "building the test cluster's etcd, Kubernetes and kwok $(K8S_VERSION) from the Go module proxy into $(K8S_BIN_DIR): once per pinned version; 15 to 55 minutes on 2 cores with an empty Go build cache (16 measured on a quiet machine, 53 under heavy load), about 2 with a warm one. This is normal; make test goes on by itself afterwards."
 	nice -n 10 $(GO) run ./scripts/cluster bins
 	@touch $@
 
 # The stamp is the one EnsureNodeBuilt writes when the set is complete.
 $(NODE_BIN_DIR)/.stamp: | node-tools $(K8S_BIN_DIR)/.stamp
-	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; 5 to 7 minutes after the cluster's binaries (their build cache is shared), 20 on its own. This is normal."
+	@echo "building the real node's kubelet, kube-proxy, containerd, runc, CNI plugins and CoreDNS from the Go module proxy into $(NODE_BIN_DIR): once per pinned version; 4 to 7 minutes after the cluster's binaries on a quiet machine (their build cache is shared), 20 on its own. This is normal."
 	nice -n 10 $(GO) run ./scripts/cluster node-bins
 
 ## node-tools: install Debian's packages the real node needs (as root)

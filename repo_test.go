@@ -201,3 +201,26 @@ func modulePackages(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestMakeHelpListsEveryTarget: `make help` prints the "## name: summary"
+// lines of the Makefile, so every rule a user can name has one (the README
+// says make help lists every target).
+func TestMakeHelpListsEveryTarget(t *testing.T) {
+	b, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):([^=]|$)`).FindAllStringSubmatch(string(b), -1)
+	helped := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^## ([a-z][a-z0-9-]*): \S`).FindAllStringSubmatch(string(b), -1) {
+		helped[m[1]] = true
+	}
+	if len(rules) < 10 {
+		t.Fatalf("found %d rules in the Makefile: the pattern no longer reads it", len(rules))
+	}
+	for _, r := range rules {
+		if !helped[r[1]] {
+			t.Errorf("make %s has no \"## %s: …\" line, so make help does not list it", r[1], r[1])
+		}
+	}
+}

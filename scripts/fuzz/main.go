@@ -130,7 +130,7 @@ func find(root string, match *regexp.Regexp) ([]target, error) {
 // Go's default, 60 s, stalls a run of seconds at its first new path, as
 // the executions spent shrinking are not counted.
 func run(t target, d, minimize time.Duration) (int64, string, error) {
-	cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-fuzztime", d.String(),
+	cmd := exec.Command(goCommand(), "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-fuzztime", d.String(),
 		"-fuzzminimizetime", minimize.String(), "./"+t.dir)
 	out, err := cmd.CombinedOutput()
 	var execs int64
@@ -162,4 +162,13 @@ func failure(out string, err error) string {
 
 func indent(s string) string {
 	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ")
+}
+
+// goCommand is the go command the fuzz runs use: $GO when set (the
+// Makefile passes its GO), else "go".
+func goCommand() string {
+	if g := os.Getenv("GO"); g != "" {
+		return g
+	}
+	return "go"
 }
