@@ -201,7 +201,7 @@ $(CURDIR)/.cache/tools/helm-%/helm:
 ## `image NAME@sha256:DIGEST PATH` (PATH: its OCI image layout).
 .PHONY: images
 images: tools web
-	@echo "building the three container images into .cache/images/: about a minute; the first time 7 to 10 minutes, most of it the Debian bases of the worker and the Gradle builder made with debootstrap (4 min 41 s and 2 min 8 s measured)"
+	@echo "building the three container images into .cache/images/: about a minute; the first time 3 to 10 minutes, most of it the Debian bases of the worker and the Gradle builder made with debootstrap (2 min 42 s and 9 min 38 s measured on fresh machines, depending on the Debian mirror)"
 	@nice -n 10 $(GO) run ./scripts/images
 
 ## cluster-bins: build the test cluster's and the real node's binaries (once per version)

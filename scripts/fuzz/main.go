@@ -57,7 +57,7 @@ func main() {
 		os.Exit(2)
 	}
 	fmt.Printf("# %d fuzz targets, %s each (the first run of a package also compiles it)\n", len(targets), *fuzztime)
-	fmt.Printf("%-28s %-26s %12s %10s  %s\n", "target", "package", "execs", "execs/s", "result")
+	fmt.Printf("%-28s %-36s %12s %10s  %s\n", "target", "package", "execs", "execs/s", "result")
 	failed := 0
 	minRate, minName := -1.0, ""
 	for _, t := range targets {
@@ -77,7 +77,7 @@ func main() {
 		if minRate < 0 || rate < minRate {
 			minRate, minName = rate, t.name
 		}
-		fmt.Printf("%-28s %-26s %12d %10.0f  %s\n", t.name, "./"+t.dir, execs, rate, result)
+		fmt.Printf("%-28s %-36s %12d %10.0f  %s\n", t.name, "./"+t.dir, execs, rate, result)
 		if err != nil {
 			fmt.Println(indent(out))
 		}
