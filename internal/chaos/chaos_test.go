@@ -136,6 +136,9 @@ func startWith(t *testing.T, replicas int) *platform {
 		t.Fatal(err)
 	}
 	p.worker = supervise(&supervised{t: t, what: "worker", bin: bin, env: workerEnv, log: logFile})
+	// The worker is a process of its own: a test that ends without
+	// stopping it would leave it running after the test binary is gone.
+	t.Cleanup(p.stop)
 	p.waitReady()
 	return p
 }

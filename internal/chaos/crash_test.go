@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"errors"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,5 +54,26 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 	}
 	if _, ok := w.TurnEnd("m2", 120*time.Second); !ok {
 		t.Fatal("the turn after the crash never ended")
+	}
+}
+
+// TestPlatformLeavesNoWorkerBehind: a test that never stops its platform
+// (TestRollingRestartOfControlPlanesFailsNoTurn did not) leaves no worker
+// process running once it has ended; one was found running half an hour
+// after a full make test.
+func TestPlatformLeavesNoWorkerBehind(t *testing.T) {
+	var pid int
+	t.Run("platform", func(t *testing.T) {
+		p := start(t)
+		p.worker.mu.Lock()
+		pid = p.worker.cmd.Process.Pid
+		p.worker.mu.Unlock()
+	})
+	if pid == 0 {
+		t.Fatal("the worker never started")
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("the worker (pid %d) still runs after its test ended (kill -0: %v)", pid, err)
 	}
 }

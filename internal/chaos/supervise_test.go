@@ -82,7 +82,7 @@ func (s *supervised) signal(sig syscall.Signal) <-chan struct{} {
 }
 
 // stop ends the supervision: the process gets SIGTERM and is not started
-// again; it returns once it has exited.
+// again; it returns once it has exited. Stopping again does nothing.
 func (s *supervised) stop() {
 	s.stopping.Store(true)
 	s.signal(syscall.SIGTERM)
