@@ -41,7 +41,18 @@ func (e *MintError) Error() string {
 	return fmt.Sprintf("mint refused: %d %s: %s", e.Status, e.Type, e.Msg)
 }
 
-var defaultMintHTTP = &http.Client{Timeout: 10 * time.Second}
+// defaultMintHTTP is the mint client's HTTP client when MintClient.HTTP
+// is nil: 10 s per mint, and as many kept-alive connections to the control
+// plane as conversations mint at once (up to 64), since every model call
+// mints first; Go's default keeps two, so concurrent calls each opened a
+// connection of their own.
+var defaultMintHTTP = &http.Client{Timeout: 10 * time.Second, Transport: mintTransport()}
+
+func mintTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	return t
+}
 
 // Mint asks for a WorkerToken for conversation conv. When the mint answers
 // 401 and the identity file holds a newer token (a rotation), it retries
