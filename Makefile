@@ -146,7 +146,7 @@ PG_WARN = if [ "$$TALKIDE_SKIP_POSTGRES" = 1 ]; then echo "WARNING: TALKIDE_SKIP
 ## the images (images).
 test: tools web sdk-ts cluster-bins helm images vet fmt-check tidy-check
 	@$(PG_WARN)
-	@echo "go test -race ./...: 18 to 25 minutes on 2 cores (18 to 20 measured warm on a quiet one; longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
+	@echo "go test -race ./...: 16 to 25 minutes on 2 cores (16 to 20 measured warm on a quiet one; longer the first time, when everything compiles with the race detector); each package prints one line when it is done"
 	$(GO) test -race -count=1 -timeout 30m ./...
 	@[ "$$TALKIDE_SKIP_POSTGRES" != 1 ] || echo "WARNING: the tests passed WITHOUT the PostgreSQL tests (TALKIDE_SKIP_POSTGRES=1)" >&2
 
