@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/talkide/talkide/internal/platformtest"
+	"github.com/talkide/talkide/internal/testlane"
 )
 
 // TestWorkerCrashEndsDetachedAgents is case C1 for a crash of the worker
@@ -62,6 +63,7 @@ func TestWorkerCrashEndsDetachedAgents(t *testing.T) {
 // process running once it has ended; one was found running half an hour
 // after a full make test.
 func TestPlatformLeavesNoWorkerBehind(t *testing.T) {
+	testlane.NeedsCLI(t)
 	var pid int
 	t.Run("platform", func(t *testing.T) {
 		p := start(t)
