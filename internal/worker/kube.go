@@ -19,7 +19,7 @@ import (
 func newLeaseManager(c Config, id lease.Identity) (lease.Manager, error) {
 	cfg := lease.Config{Identity: id}
 	if c.LeaseBackend == "kubernetes" {
-		cs, ns, err := inClusterClient()
+		cs, ns, err := kubeClient()
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes leases: %w", err)
 		}
@@ -81,10 +81,10 @@ func kubeConfig(nsFile string) (*rest.Config, string, error) {
 	return rc, ns, nil
 }
 
-// inClusterClient is the Kubernetes client of the lease backend and of
+// kubeClient is the Kubernetes client of the lease backend and of
 // build Jobs, with the namespace: credentials and namespace as kubeConfig
 // finds them.
-func inClusterClient() (kubernetes.Interface, string, error) {
+func kubeClient() (kubernetes.Interface, string, error) {
 	rc, ns, err := kubeConfig(serviceAccountNamespaceFile)
 	if err != nil {
 		return nil, "", err

@@ -39,7 +39,7 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 	var res resources
 	defer res.release()
 	if ln != nil {
-		res.closeLast(ln)
+		res.own(ln)
 	}
 	w, err := assemble(ctx, c, ln, &res)
 	if err != nil {
@@ -54,8 +54,8 @@ func Run(ctx context.Context, c Config, ln net.Listener) error {
 // server already closed on its way out is closed again harmlessly.
 type resources struct{ undo []func() }
 
-// closeLast has c closed when Run returns, before what was added earlier.
-func (r *resources) closeLast(c interface{ Close() error }) {
+// own has c closed when Run returns, before what was added earlier.
+func (r *resources) own(c interface{ Close() error }) {
 	r.undo = append(r.undo, func() { _ = c.Close() })
 }
 
@@ -109,13 +109,13 @@ func assemble(ctx context.Context, c Config, ln net.Listener, res *resources) (*
 		if ln, err = net.Listen("tcp", c.Addr); err != nil {
 			return nil, fmt.Errorf("listen %s: %w", c.Addr, err)
 		}
-		res.closeLast(ln)
+		res.own(ln)
 	}
 	w.local = localproxy.NewServer(gp, log.With("component", "local-gateway-proxy"))
 	if w.localLn, err = w.local.Listen(); err != nil {
 		return nil, err
 	}
-	res.closeLast(w.localLn)
+	res.own(w.localLn)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if w.rep, err = newReporting(c, mc, store, log, reg); err != nil {
@@ -152,7 +152,7 @@ func assemble(ctx context.Context, c Config, ln net.Listener, res *resources) (*
 	res.add(func() { closeCgroups(jail) })
 	logContainment(containment, log)
 	reg.MustRegister(containmentGauge(containment))
-	if w.bld, err = newBuilds(c, store, jail, inClusterClient, log); err != nil {
+	if w.bld, err = newBuilds(c, store, jail, kubeClient, log); err != nil {
 		return nil, err
 	}
 	w.rep.mcp.builds = w.bld.server
