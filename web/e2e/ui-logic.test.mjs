@@ -224,16 +224,15 @@ test("conversation store: a sent message is local until the stream shows it; a f
   });
   const c = newConversation("c1", { call: api.call });
   await c.send("hello", "m1");
-  assert.deepEqual(c.localOnly().map((p) => [p.cmid, p.state, p.error]), [["m1", "failed", "worker unavailable"]]);
+  assert.deepEqual(c.state.pending.map((p) => [p.cmid, p.state, p.error]), [["m1", "failed", "worker unavailable"]]);
   fail = false;
   const again = c.send("hello", "m1");
-  assert.deepEqual(c.localOnly().map((p) => [p.cmid, p.state]), [["m1", "sending"]], "a retry shows one bubble, sending again");
+  assert.deepEqual(c.state.pending.map((p) => [p.cmid, p.state]), [["m1", "sending"]], "a retry shows one bubble, sending again");
   await again;
-  assert.deepEqual(c.localOnly().map((p) => p.state), ["queued"]);
+  assert.deepEqual(c.state.pending.map((p) => p.state), ["queued"]);
   assert.deepEqual(api.calls.map((x) => x.body.client_message_id), ["m1", "m1"], "the retry keeps its id, so the server sees it once");
   c.receive([ev(1, "user_message", { client_message_id: "m1", text: "hello" })]);
-  assert.deepEqual(c.localOnly(), [], "the stream's copy replaces the local bubble");
-  assert.deepEqual(c.state.pending, []);
+  assert.deepEqual(c.state.pending, [], "the stream's copy replaces the local bubble");
 });
 
 test("conversation store: handed-over messages are sent by start", async () => {
@@ -243,7 +242,7 @@ test("conversation store: handed-over messages are sent by start", async () => {
   c.start();
   await new Promise((r) => setTimeout(r, 0));
   assert.deepEqual(api.calls.map((x) => [x.method, x.body.client_message_id, x.body.text]), [["POST", "m9", "first"]]);
-  assert.deepEqual(c.localOnly().map((p) => p.state), ["queued"]);
+  assert.deepEqual(c.state.pending.map((p) => p.state), ["queued"]);
 });
 
 test("conversation store: interrupt, rename, a missing conversation", async () => {

@@ -28,7 +28,7 @@ export function newConversation(id, { initialPending = [], call = api, on = { cu
     conn: { state: "connecting" }, // stream.js's state and its info
     meta: null, // the conversation's record, once read
     gone: "", // why the conversation cannot be shown, or ""
-    pending: initialPending.map((p) => ({ ...p })), // [{ cmid, text, state: "sending"|"queued"|"failed", error }]
+    pending: initialPending.map((p) => ({ ...p })), // not yet on the stream: [{ cmid, text, state: "sending"|"queued"|"failed", error }]
     announce: "", // the newest thing said to screen readers
     interrupting: false,
     actionError: "",
@@ -175,7 +175,6 @@ export function newConversation(id, { initialPending = [], call = api, on = { cu
     },
 
     // What the page shows, derived from the state.
-    localOnly: () => state.pending.filter((p) => !state.tl.users.has(p.cmid)),
     title: () => (state.meta && state.meta.title) || oneLine(state.tl.firstUserText, 60),
     running: () => !!state.tl.running,
     pendingPermissions: () => pendingPermissions(state.tl),
@@ -189,7 +188,7 @@ export function newConversation(id, { initialPending = [], call = api, on = { cu
 }
 
 // announcement is what a screen reader is told of ev, or "".
-export function announcement(ev) {
+function announcement(ev) {
   const d = ev.data || {};
   switch (ev.type) {
     case "permission_requested":

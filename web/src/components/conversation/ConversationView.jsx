@@ -75,7 +75,7 @@ export function ConversationView(props) {
     );
   }
 
-  const empty = tl.items.length === 0 && tl.queue.length === 0 && store.localOnly().length === 0;
+  const empty = tl.items.length === 0 && tl.queue.length === 0 && state.pending.length === 0;
   return (
     <>
       <ConversationHeader store={store} bar={props} te={te} onDeleted={onDeleted} />

@@ -4,7 +4,7 @@ import { UserMessage } from "../timeline/UserMessage.jsx";
 // shown yet: "Sending…", "Queued", or not sent, with Retry (send(text,
 // cmid) sends it again under its id).
 export function LocalMessages({ store, send }) {
-  return store.localOnly().map((p) => (
+  return store.state.pending.map((p) => (
     <div key={p.cmid}>
       <UserMessage item={{ cmid: p.cmid, text: p.text }} state={p.state === "failed" ? "" : p.state} />
       {p.state === "failed" && (
