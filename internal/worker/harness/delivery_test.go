@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,5 +64,30 @@ func TestMessageToAWarmAgentIsStoredOnce(t *testing.T) {
 	}
 	if st.State != contract.StateIdle || st.QueuedMessages != 0 {
 		t.Errorf("status after both turns: %+v, want idle with nothing queued", st)
+	}
+}
+
+// TestTurnStartWalksOnlyWhenTheLastWalkMayNotHold: the disk limit walked a
+// conversation's directories at every turn's start, freezing its agent for
+// the walk (with 200 busy conversations, walks were a sixth of the worker's
+// CPU). A warm agent's next turns now start without a walk while the
+// filesystem has not grown by what the conversation had left; the limits
+// still hold (TestAgentDiskLimit and the tests after it).
+func TestTurnStartWalksOnlyWhenTheLastWalkMayNotHold(t *testing.T) {
+	r := startRig(t, rigOptions{noJail: true, diskLimit: 1 << 40, fileLimit: 1 << 40, diskEvery: time.Hour})
+	reg := prometheus.NewRegistry()
+	r.h.RegisterMetrics(reg)
+	walks := func() float64 { return metricValue(t, reg, "talkide_worker_disk_walks_total", nil) }
+	mustCreate(t, r.h, "c1")
+	evs := r.follow(t, "c1")
+	for i := 1; i <= 3; i++ {
+		mustSend(t, r.h, "c1", fmt.Sprint("m", i), "hello")
+		waitFor(t, "turn", 60*time.Second, func() bool { return evs.count(contract.EventTurnCompleted) == i })
+	}
+	if n := r.h.LiveProcesses(); n != 1 {
+		t.Fatalf("live processes: %d, want 1 warm agent", n)
+	}
+	if got := walks(); got != 1 {
+		t.Errorf("walks for three turns of one warm agent: %v, want 1 (the first turn's)", got)
 	}
 }

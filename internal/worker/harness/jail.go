@@ -162,7 +162,9 @@ func (s *session) watchLimits(p *process) {
 		}
 		t := time.NewTicker(poll)
 		defer t.Stop()
-		// The first walk is at the first turn's start (turnStarted).
+		// The first walk is at the first turn's start (turnStarted); a
+		// later turn's start walks only when the last walk may no longer
+		// hold (staleAtTurnStart).
 		w := diskWatch{s: s, p: p}
 		nextLimits := time.Now().Add(limitPoll)
 		for {
@@ -178,7 +180,7 @@ func (s *session) watchLimits(p *process) {
 				s.checkLimits(p)
 				nextLimits = time.Now().Add(limitPoll)
 			}
-			if disk && (turnStart || w.due()) {
+			if disk && (turnStart && w.staleAtTurnStart() || w.due()) {
 				w.check(turnStart)
 			}
 		}
@@ -292,11 +294,15 @@ func (h *Harness) memoryGuard(ctx context.Context) {
 	}
 }
 
-// The disk watch: the filesystem's own count of used blocks is read every
-// diskPoll (one statfs); the conversation's directories are walked
-// (sandbox.MeasureDisk, bounded by the file limit) at every turn start,
-// every Config.DiskCheckEvery, and at once when the filesystem grew by more
-// than the conversation had left. A turn that starts over a limit may only
+// The disk watch: the filesystem's own counts of used blocks and inodes are
+// read every diskPoll (one statfs per filesystem); the conversation's
+// directories are walked (sandbox.MeasureDisk, bounded by the file limit)
+// at its first turn's start, every Config.DiskCheckEvery, and at once when
+// the filesystem grew by more bytes or inodes than the conversation had
+// left. A later turn's start walks too unless the last walk found the
+// conversation under its limits and the filesystem has not grown by what
+// it had left since: then it cannot be over them, and the agent is not
+// frozen for a walk at every turn. A turn that starts over a limit may only
 // free space: it is stopped once its files grow by diskShrinkSlack (its
 // answer's transcript needs a little), and checked every limitPoll.
 const (
@@ -309,28 +315,33 @@ const (
 type diskWatch struct {
 	s *session
 	p *process
-	// fsUsed is the filesystem's used bytes at the last walk, left what the
-	// conversation had left then (bytes below the limit).
-	fsUsed, left int64
-	last         time.Time
+	// fs is the filesystems' use at the last walk; left and filesLeft what
+	// the conversation had left then (below the limits).
+	fs              fsUse
+	left, filesLeft int64
+	last            time.Time
 	// floor, floorFiles: the use at the start of a turn that started over
 	// a limit (floor > 0 while it runs, until the use is under again).
 	floor, floorFiles int64
 }
 
-// fsUsed returns the bytes in use on the filesystems of dirs together,
-// each filesystem once (the workspace may be on the session volume, the
-// tmp dir on local disk); 0 if none can be read.
-func fsUsed(dirs ...string) int64 {
+// fsUse is what the filesystems of a conversation's directories use.
+type fsUse struct{ bytes, inodes int64 }
+
+// fsUsed returns the bytes and inodes in use on the filesystems of dirs
+// together, each filesystem once (the workspace may be on the session
+// volume, the tmp dir on local disk); zero if none can be read.
+func fsUsed(dirs ...string) fsUse {
 	seen := map[unix.Fsid]bool{}
-	var total int64
+	var total fsUse
 	for _, d := range dirs {
 		var st unix.Statfs_t
 		if err := unix.Statfs(d, &st); err != nil || seen[st.Fsid] {
 			continue
 		}
 		seen[st.Fsid] = true
-		total += int64(st.Blocks-st.Bfree) * st.Bsize
+		total.bytes += int64(st.Blocks-st.Bfree) * st.Bsize
+		total.inodes += int64(st.Files - st.Ffree)
 	}
 	return total
 }
@@ -340,14 +351,27 @@ func (w *diskWatch) dirs() []string {
 	return []string{w.s.workDir, w.s.configDir(), w.s.homeDir(), w.s.tmpDir()}
 }
 
+// grown reports whether the filesystems grew, since the last walk, by more
+// than the conversation had left (bytes or inodes).
+func (w *diskWatch) grown() bool {
+	now := fsUsed(w.dirs()...)
+	return w.fs.bytes > 0 && (now.bytes-w.fs.bytes > w.left || now.inodes-w.fs.inodes > w.filesLeft)
+}
+
 // due reports whether the conversation's directories should be walked now.
 func (w *diskWatch) due() bool {
 	since := time.Since(w.last)
 	if since >= w.s.h.cfg.DiskCheckEvery || w.floor > 0 && since >= limitPoll {
 		return true
 	}
-	grown := fsUsed(w.dirs()...) - w.fsUsed
-	return w.fsUsed > 0 && grown > w.left
+	return w.grown()
+}
+
+// staleAtTurnStart reports whether a turn's start needs a walk: there was
+// none yet, the last found the conversation over a limit (or could not
+// measure it), or the filesystems grew by what it had left since.
+func (w *diskWatch) staleAtTurnStart() bool {
+	return w.last.IsZero() || w.fs.bytes == 0 || w.floor > 0 || w.left <= 0 || w.filesLeft <= 0 || w.grown()
 }
 
 // check measures the conversation's directories, and over a limit stops
@@ -365,6 +389,9 @@ func (w *diskWatch) check(turnStart bool) {
 	if thaw != nil {
 		thaw()
 	}
+	if m := s.h.metrics.Load(); m != nil {
+		m.walks.Inc()
+	}
 	w.last = time.Now()
 	used := u.Bytes
 	if p.cell != nil {
@@ -372,16 +399,18 @@ func (w *diskWatch) check(turnStart bool) {
 		// directory shows.
 		used += sandbox.DeletedOpenBytes(p.cell.Processes())
 	}
-	w.fsUsed = fs
-	w.left = diskShrinkSlack
+	w.fs = fs
+	w.left, w.filesLeft = diskShrinkSlack, diskShrinkFiles
 	overBytes := cfg.DiskLimit > 0 && used > cfg.DiskLimit
 	overFiles := cfg.DiskFileLimit > 0 && u.Stopped
 	if !overBytes && !overFiles && u.Unmeasured == "" {
 		w.floor, w.floorFiles = 0, 0
+		w.left, w.filesLeft = 1<<62, int64(1)<<62
 		if cfg.DiskLimit > 0 {
 			w.left = cfg.DiskLimit - used
-		} else {
-			w.left = 1 << 62
+		}
+		if cfg.DiskFileLimit > 0 {
+			w.filesLeft = cfg.DiskFileLimit - u.Files
 		}
 		return
 	}

@@ -15,12 +15,13 @@ type metrics struct {
 	events *prometheus.CounterVec
 	limits *prometheus.CounterVec
 	saves  prometheus.Counter
+	walks  prometheus.Counter
 }
 
 // RegisterMetrics registers the harness's metrics with reg: live CLI
 // processes and their cap, turns waiting for a process, loaded
-// conversations, turns by outcome, queued turns, events by type and
-// writes of conversations' state files.
+// conversations, turns by outcome, queued turns, events by type, writes of
+// conversations' state files and walks of their directories.
 func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 	m := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_turns_total",
@@ -33,8 +34,10 @@ func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 			Help: "Times an agent hit one of its limits (memory, processes, disk), by limit."}, []string{"limit"}),
 		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_state_saves_total",
 			Help: "Conversation state files written (each written, synced and renamed into place on the session volume)."}),
+		walks: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_disk_walks_total",
+			Help: "Walks of conversations' directories for the disk limits (the agent is frozen during each)."}),
 	}
-	reg.MustRegister(m.turns, m.queued, m.events, m.limits, m.saves,
+	reg.MustRegister(m.turns, m.queued, m.events, m.limits, m.saves, m.walks,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes",
 			Help: "Live Claude Code CLI processes."}, func() float64 { return float64(h.LiveProcesses()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes_max",
