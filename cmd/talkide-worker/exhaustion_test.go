@@ -125,9 +125,9 @@ func checkRefusal(t *testing.T, what string, a answer) {
 // be a 503 with Retry-After (or a 429) in the documented error shape; every
 // create answered 201 must have its session on the worker (in the answer,
 // readable afterwards, with a state file that parses); the busy agent's
-// turn must complete (nothing dropped, no agent killed); the outbox must
-// deliver every report in the end; and the worker must never have met
-// "too many open files".
+// turn must complete (nothing dropped, no agent killed); every event must
+// be reported to the control plane in the end; and the worker must never
+// have met "too many open files".
 func TestOpenFilesLimitRefusesAndLosesNothing(t *testing.T) {
 	r := newRig(t)
 	tenant, env, sessions, cpURL, userToken := r.tenant, r.env, r.sessions, r.cpURL, r.userToken
@@ -237,8 +237,9 @@ func TestOpenFilesLimitRefusesAndLosesNothing(t *testing.T) {
 	}
 
 	// The busy agent was not killed: its turn completes.
-	if ev := busyStream.Until(guard, platformtest.TurnEnd); ev.Type != contract.EventTurnCompleted {
-		t.Errorf("the busy conversation's turn ended with %s %s, want turn_completed", ev.Type, ev.Data)
+	end := busyStream.Until(guard, platformtest.TurnEnd)
+	if end.Type != contract.EventTurnCompleted {
+		t.Errorf("the busy conversation's turn ended with %s %s, want turn_completed", end.Type, end.Data)
 	}
 	for _, s := range streams {
 		s.Body.Close()
@@ -284,15 +285,23 @@ func TestOpenFilesLimitRefusesAndLosesNothing(t *testing.T) {
 		t.Errorf("%d state files for %d conversations answered 201", len(ids), len(created)+1)
 	}
 
-	// The outbox delivers every report in the end, and buries none.
-	queue := filepath.Join(sessions, "talkide", "outbox", "queue")
+	// Every event of the busy conversation is reported in the end, and the
+	// outbox (issue writes) buries nothing.
 	for deadline := time.Now().Add(guard); ; time.Sleep(100 * time.Millisecond) {
-		n := entries(t, queue)
-		if n == 0 {
+		a, err := call("GET", cpURL+"/api/conversations/"+busy+"/activity", userToken, "")
+		if err != nil {
+			t.Fatalf("read the busy conversation's activity: %v", err)
+		}
+		var act contract.ConversationActivity
+		_ = json.Unmarshal(a.body, &act)
+		if n := len(act.Activity); n > 0 && act.Activity[n-1].EventID >= end.ID {
+			if int64(n) != act.Activity[n-1].EventID {
+				t.Errorf("activity of the busy conversation: %d entries up to event %d", n, act.Activity[n-1].EventID)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the outbox still holds %d reports", n)
+			t.Fatalf("the busy conversation's activity stops short of event %d: %d %s", end.ID, a.status, a.body)
 		}
 	}
 	if n := entries(t, filepath.Join(sessions, "talkide", "outbox", "dead")); n > 0 {

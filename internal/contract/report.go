@@ -21,6 +21,7 @@ const (
 	PathReportToolEvents   = "/api/internal/worker/tool-events"              // POST ToolEventReport → 200 ReportAck
 	PathReportUsage        = "/api/internal/worker/usage"                    // POST UsageReport → 200 ReportAck
 	PathReportActivity     = "/api/internal/worker/activity"                 // POST ActivityReport → 200 ReportAck
+	PathReportBatch        = "/api/internal/worker/report-batches"           // POST ReportBatch → 200 ReportBatchAck
 	PathReportIssues       = "/api/internal/worker/issues"                   // POST IssueCreate → 200 IssueAck; GET → 200 IssueList
 	PathReportIssue        = "/api/internal/worker/issues/{number}"          // GET → 200 Issue
 	PathReportIssueUpdate  = "/api/internal/worker/issues/{number}/update"   // POST IssueUpdate → 200 IssueAck
@@ -37,6 +38,10 @@ const (
 	MaxIssueTitle    = 200       // characters of an issue title
 	MaxIssueBody     = 32 << 10  // bytes of an issue body or comment
 	MaxIdempotencyID = 200       // bytes of an idempotency key
+
+	MaxReportBatchBody    = 4 << 20 // bytes of one ReportBatch request body
+	MaxReportBatchGroups  = 256     // conversations (groups) in one ReportBatch
+	MaxReportBatchReports = 1000    // reports in one ReportBatch, all groups together
 )
 
 // Tool event phases.
@@ -196,6 +201,80 @@ func validCommon(key string, eventID int64, t time.Time) error {
 		return fmt.Errorf("%w: time is required", ErrInvalidReport)
 	}
 	return nil
+}
+
+// Kinds of report in a ReportBatch.
+const (
+	ReportKindToolEvent = "tool_event" // a ToolEventReport
+	ReportKindUsage     = "usage"      // a UsageReport
+	ReportKindActivity  = "activity"   // an ActivityReport
+)
+
+// ReportKindPath is the single-report endpoint of a report kind ("" for an
+// unknown kind). A report's receipt hash is taken over this path and the
+// report's bytes, so a report sent alone and again in a batch is the same
+// report.
+func ReportKindPath(kind string) string {
+	switch kind {
+	case ReportKindToolEvent:
+		return PathReportToolEvents
+	case ReportKindUsage:
+		return PathReportUsage
+	case ReportKindActivity:
+		return PathReportActivity
+	}
+	return ""
+}
+
+// ReportBatch carries the tool event, usage and activity reports of several
+// conversations in one request (POST PathReportBatch), which the control
+// plane stores in one transaction. Each group is one conversation's reports
+// under that conversation's WorkerToken: the token, not the body, says
+// whose reports they are, exactly as X-Worker-Token does for one report. At
+// most MaxReportBatchGroups groups and MaxReportBatchReports reports in
+// all, in MaxReportBatchBody bytes.
+type ReportBatch struct {
+	Groups []ReportGroup `json:"groups"`
+}
+
+// ReportGroup is one conversation's reports in a ReportBatch, in the order
+// they are to be stored.
+type ReportGroup struct {
+	// WorkerToken is a WorkerToken of the conversation (as minted).
+	WorkerToken string          `json:"worker_token"`
+	Reports     []BatchedReport `json:"reports"`
+}
+
+// BatchedReport is one report of a ReportGroup: Kind is a ReportKind*
+// constant and Report the report's JSON, as the kind's own endpoint takes it.
+type BatchedReport struct {
+	Kind   string          `json:"kind"`
+	Report json.RawMessage `json:"report"`
+}
+
+// ReportBatchAck answers a ReportBatch: one entry per group, in order.
+type ReportBatchAck struct {
+	Groups []ReportGroupAck `json:"groups"`
+}
+
+// ReportGroupAck is the answer for one group. Status 200: the token was
+// accepted and Results answers each report in order. 401 (an invalid or
+// expired token) or 403 (a token not scoped to a conversation): nothing of
+// the group was stored, and Error says why.
+type ReportGroupAck struct {
+	Status  int            `json:"status"`
+	Error   *ErrorDetail   `json:"error,omitempty"`
+	Results []ReportResult `json:"results,omitempty"`
+}
+
+// ReportResult answers one report of a batch. Status 200: stored, or
+// stored before under its idempotency key (Duplicate set). 400: invalid;
+// 409: the key was used before for another report. Neither is stored, and
+// retrying the same report cannot change that.
+type ReportResult struct {
+	Status    int          `json:"status"`
+	Duplicate bool         `json:"duplicate,omitempty"`
+	Error     *ErrorDetail `json:"error,omitempty"`
 }
 
 // ReportAck answers a stored tool event, usage or activity report.

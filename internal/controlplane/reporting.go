@@ -24,6 +24,7 @@ func (s *Server) registerReporting() {
 	s.mux.Handle("POST "+contract.PathReportToolEvents, rep.ToolEvents())
 	s.mux.Handle("POST "+contract.PathReportUsage, rep.Usage())
 	s.mux.Handle("POST "+contract.PathReportActivity, rep.Activity())
+	s.mux.Handle("POST "+contract.PathReportBatch, rep.Batch())
 	s.mux.Handle("POST "+contract.PathReportIssues, rep.CreateIssue())
 	s.mux.Handle("GET "+contract.PathReportIssues, rep.ListIssues())
 	s.mux.Handle("GET "+contract.PathReportIssue, rep.GetIssue())

@@ -180,9 +180,9 @@ func TestAgentFilesIssuesAndReportsSurviveAnOutage(t *testing.T) {
 }
 
 // TestReportsSurviveAWorkerRestart: reports queued while the reporting
-// endpoints are down survive a restart of the worker in between (the
-// outbox is on the session volume) and arrive exactly once, in order, with
-// the issue the agent filed during the outage.
+// endpoints are down survive a restart of the worker in between (the event
+// log and the outbox are on the session volume) and arrive exactly once, in
+// order, with the issue the agent filed during the outage.
 func TestReportsSurviveAWorkerRestart(t *testing.T) {
 	outage := &reportingOutage{}
 	p := platformtest.StartRestartable(t, platformtest.Options{Wrap: outage.wrap})

@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -19,15 +21,18 @@ import (
 	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
-// reporting is the worker's side of reporting: the outbox on the session
-// volume, the feed from the event logs into it, and the MCP servers
-// offered to each CLI process (talkide-issue-tracking and the project's
-// allowed .mcp.json servers).
+// reporting is the worker's side of reporting: the feed from the event
+// logs to the control plane, the outbox on the session volume for issue
+// writes, and the MCP servers offered to each CLI process
+// (talkide-issue-tracking and the project's allowed .mcp.json servers).
 type reporting struct {
 	outbox *outbox.Outbox // nil without a control plane (development NoOp mode)
+	client *reportclient.Client
 	feed   *reportfeed.Feed
+	feedM  *reportfeed.Metrics
 	store  *sessionstore.Store
-	// cursorDir holds the feed's cursors, next to the outbox.
+	// cursorDir holds the feed's cursors (the directory's name is from when
+	// event reports went through the outbox).
 	cursorDir string
 	mcp       *mcpProvider
 	log       *slog.Logger
@@ -52,6 +57,8 @@ func newReporting(c Config, mc *localproxy.MintClient, store *sessionstore.Store
 		return nil, err
 	}
 	r.outbox = ob
+	r.client = client
+	r.feedM = reportfeed.NewMetrics(reg)
 	r.mcp.issues = issuemcp.New(issuemcp.Config{Queue: ob, Reader: client, Logger: log.With("component", "issue-mcp")})
 	return r, nil
 }
@@ -70,8 +77,8 @@ func (r *reporting) start(ctx context.Context, h *harness.Harness) (stop func())
 	if r.outbox == nil {
 		return func() {}
 	}
-	feed, err := reportfeed.New(reportfeed.Config{Outbox: r.outbox, Logs: h, List: r.store.List,
-		Dir: r.cursorDir, Logger: r.log.With("component", "report-feed")})
+	feed, err := reportfeed.New(reportfeed.Config{Sender: r.client, Logs: feedLogs{h}, List: r.store.List,
+		Dir: r.cursorDir, Metrics: r.feedM, Logger: r.log.With("component", "report-feed")})
 	if err != nil {
 		r.log.Error("start report feed", "err", err)
 		return func() {}
@@ -84,4 +91,14 @@ func (r *reporting) start(ctx context.Context, h *harness.Harness) (stop func())
 	return func() { cancel(); wg.Wait() }
 }
 
-var _ reportfeed.Logs = (*harness.Harness)(nil)
+// feedLogs gives the feed the harness's event logs, a deleted
+// conversation's as sessionstore.ErrNotFound.
+type feedLogs struct{ h *harness.Harness }
+
+func (l feedLogs) Events(conv string) (*sessionstore.EventLog, error) {
+	el, err := l.h.Events(conv)
+	if errors.Is(err, harness.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", sessionstore.ErrNotFound, conv)
+	}
+	return el, err
+}

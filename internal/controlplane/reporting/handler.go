@@ -33,6 +33,12 @@ func (h *Handler) scope(r *http.Request) (Scope, error) {
 	if raw == "" {
 		return Scope{}, httpapi.Unauthorized("missing X-Worker-Token", nil)
 	}
+	return h.verify(r, raw)
+}
+
+// verify checks one WorkerToken and returns its scope, or a 401 or 403
+// *httpapi.Error.
+func (h *Handler) verify(r *http.Request, raw string) (Scope, error) {
 	c, err := h.verifier.Verify(raw)
 	if err != nil {
 		h.log.WarnContext(r.Context(), "reporting refused worker token", "token", token.Fingerprint(raw)) // the cause: on the error line
@@ -117,6 +123,118 @@ func (h *Handler) Activity() http.Handler {
 		ack, err := h.store.RecordActivity(r.Context(), sc, rep, hash)
 		return h.answer(w, ack, err)
 	})
+}
+
+// Batch serves POST contract.PathReportBatch: each group's WorkerToken is
+// checked on its own (a refused token refuses its group only), each report
+// is decoded and validated on its own (an invalid one is answered 400 and
+// skipped), and the rest are stored in one transaction.
+func (h *Handler) Batch() http.Handler {
+	return h.handle(func(w http.ResponseWriter, r *http.Request) error {
+		body, err := httpapi.ReadBody(w, r, contract.MaxReportBatchBody)
+		if err != nil {
+			return err
+		}
+		var b contract.ReportBatch
+		if err := httpapi.DecodeJSON(r, body, &b); err != nil {
+			return err
+		}
+		n := 0
+		for _, g := range b.Groups {
+			n += len(g.Reports)
+		}
+		if len(b.Groups) == 0 || len(b.Groups) > contract.MaxReportBatchGroups || n > contract.MaxReportBatchReports {
+			return httpapi.BadRequest("a batch holds 1-%d groups and at most %d reports", contract.MaxReportBatchGroups, contract.MaxReportBatchReports)
+		}
+		ack := contract.ReportBatchAck{Groups: make([]contract.ReportGroupAck, len(b.Groups))}
+		type at struct{ group, report int }
+		var items []BatchItem
+		var where []at
+		for gi, g := range b.Groups {
+			sc, err := h.verify(r, g.WorkerToken)
+			if err != nil {
+				ack.Groups[gi] = groupRefused(err)
+				continue
+			}
+			ga := contract.ReportGroupAck{Status: http.StatusOK, Results: make([]contract.ReportResult, len(g.Reports))}
+			for ri, rep := range g.Reports {
+				it, err := batchItem(r, sc, rep)
+				if err != nil {
+					ga.Results[ri] = reportRefused(err)
+					continue
+				}
+				items = append(items, it)
+				where = append(where, at{gi, ri})
+			}
+			ack.Groups[gi] = ga
+		}
+		res, err := h.store.RecordBatch(r.Context(), items)
+		if err != nil {
+			return err
+		}
+		for i, rr := range res {
+			out := &ack.Groups[where[i].group].Results[where[i].report]
+			switch {
+			case rr.Err != nil:
+				if !errors.Is(rr.Err, ErrKeyReused) {
+					h.log.ErrorContext(r.Context(), "store a batched report", "err", rr.Err)
+				}
+				*out = reportRefused(storeError(rr.Err))
+			default:
+				*out = contract.ReportResult{Status: http.StatusOK, Duplicate: rr.Duplicate}
+			}
+		}
+		httpapi.WriteJSON(w, http.StatusOK, ack)
+		return nil
+	})
+}
+
+// batchItem decodes and validates one batched report.
+func batchItem(r *http.Request, sc Scope, rep contract.BatchedReport) (BatchItem, error) {
+	path := contract.ReportKindPath(rep.Kind)
+	if path == "" {
+		return BatchItem{}, httpapi.BadRequest("kind must be %s, %s or %s", contract.ReportKindToolEvent, contract.ReportKindUsage, contract.ReportKindActivity)
+	}
+	it := BatchItem{Scope: sc, Hash: BodyHash(path, rep.Report)}
+	var v validator
+	switch rep.Kind {
+	case contract.ReportKindToolEvent:
+		it.ToolEvent = &contract.ToolEventReport{}
+		v = it.ToolEvent
+	case contract.ReportKindUsage:
+		it.Usage = &contract.UsageReport{}
+		v = it.Usage
+	default:
+		it.Activity = &contract.ActivityReport{}
+		v = it.Activity
+	}
+	if err := httpapi.DecodeJSON(r, rep.Report, v); err != nil {
+		return BatchItem{}, err
+	}
+	if err := v.Validate(); err != nil {
+		return BatchItem{}, httpapi.BadRequest("%v", err)
+	}
+	return it, nil
+}
+
+// groupRefused and reportRefused turn an *httpapi.Error into a group's or
+// a report's answer; any other error is a 500.
+func groupRefused(err error) contract.ReportGroupAck {
+	status, detail := errorDetail(err)
+	return contract.ReportGroupAck{Status: status, Error: detail}
+}
+
+func reportRefused(err error) contract.ReportResult {
+	status, detail := errorDetail(err)
+	return contract.ReportResult{Status: status, Error: detail}
+}
+
+func errorDetail(err error) (int, *contract.ErrorDetail) {
+	var he *httpapi.Error
+	if errors.As(err, &he) {
+		return he.Status, &contract.ErrorDetail{Type: he.Type, Message: he.Msg}
+	}
+	return http.StatusInternalServerError, &contract.ErrorDetail{Type: contract.ErrTypeInternal, Message: "the report could not be stored now; send it again"}
 }
 
 // CreateIssue serves POST contract.PathReportIssues.

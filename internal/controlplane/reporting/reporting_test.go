@@ -214,13 +214,18 @@ type testServer struct {
 
 func newTestServer(t *testing.T) *testServer {
 	t.Helper()
+	return newTestServerOn(t, openStore(t))
+}
+
+func newTestServerOn(t *testing.T, store *Store) *testServer {
+	t.Helper()
 	master, _ := token.NewMasterKey("k1")
-	store := openStore(t)
 	h := NewHandler(store, []token.Key{master.Derive(token.PurposeGateway, "", "")}, slog.New(slog.DiscardHandler))
 	mux := http.NewServeMux()
 	mux.Handle("POST "+contract.PathReportToolEvents, h.ToolEvents())
 	mux.Handle("POST "+contract.PathReportUsage, h.Usage())
 	mux.Handle("POST "+contract.PathReportActivity, h.Activity())
+	mux.Handle("POST "+contract.PathReportBatch, h.Batch())
 	mux.Handle("POST "+contract.PathReportIssues, h.CreateIssue())
 	mux.Handle("GET "+contract.PathReportIssues, h.ListIssues())
 	mux.Handle("GET "+contract.PathReportIssue, h.GetIssue())

@@ -61,6 +61,20 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
 	defer tx.Rollback()
+	raw, dup, err := s.onceIn(ctx, tx, sc, key, kind, hash, apply)
+	if err != nil || dup {
+		return raw, dup, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
+	}
+	return raw, false, nil
+}
+
+// onceIn is once inside the caller's transaction tx, which it neither
+// commits nor rolls back. ErrKeyReused leaves tx usable; any other error
+// may not (PostgreSQL aborts a transaction at a failed statement).
+func (s *Store) onceIn(ctx context.Context, tx *sql.Tx, sc Scope, key, kind, hash string, apply func(tx *sql.Tx) (any, error)) (json.RawMessage, bool, error) {
 	q := s.db.Q
 	// Concurrent deliveries of one key: on PostgreSQL the second INSERT
 	// waits for the first transaction and then inserts nothing; SQLite
@@ -71,9 +85,8 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		tx.Rollback()
 		var gotKind, gotHash, resp string
-		err := s.db.SQL.QueryRowContext(ctx, q(`SELECT kind, body_sha256, response FROM report_receipts
+		err := tx.QueryRowContext(ctx, q(`SELECT kind, body_sha256, response FROM report_receipts
 			WHERE tenant = ? AND env = ? AND conversation_id = ? AND idempotency_key = ?`), sc.Tenant, sc.Env, sc.Conversation, key).Scan(&gotKind, &gotHash, &resp)
 		if err != nil {
 			return nil, false, fmt.Errorf("read %s report receipt: %w", kind, err)
@@ -93,9 +106,6 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 	}
 	if _, err := tx.ExecContext(ctx, q(`UPDATE report_receipts SET response = ? WHERE tenant = ? AND env = ? AND conversation_id = ? AND idempotency_key = ?`),
 		string(b), sc.Tenant, sc.Env, sc.Conversation, key); err != nil {
-		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
-	}
-	if err := tx.Commit(); err != nil {
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
 	return b, false, nil
@@ -119,7 +129,15 @@ func boolInt(b bool) int {
 
 // RecordToolEvent stores a tool event report (r must have passed Validate).
 func (s *Store) RecordToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, "tool_event", hash, func(tx *sql.Tx) (any, error) {
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindToolEvent, hash, s.applyToolEvent(ctx, sc, r))
+	if err != nil {
+		return contract.ReportAck{}, err
+	}
+	return decodeAck(raw, dup)
+}
+
+func (s *Store) applyToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport) func(tx *sql.Tx) (any, error) {
+	return func(tx *sql.Tx) (any, error) {
 		q := s.db.Q
 		at := controlstore.Millis(r.Time)
 		var err error
@@ -141,48 +159,136 @@ func (s *Store) RecordToolEvent(ctx context.Context, sc Scope, r contract.ToolEv
 			return nil, fmt.Errorf("store tool event: %w", err)
 		}
 		return contract.ReportAck{IdempotencyKey: r.IdempotencyKey}, nil
-	})
+	}
+}
+
+// RecordUsage stores a usage report (r must have passed Validate).
+func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageReport, hash string) (contract.ReportAck, error) {
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindUsage, hash, s.applyUsage(ctx, sc, r))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
 	return decodeAck(raw, dup)
 }
 
-// RecordUsage stores a usage report (r must have passed Validate).
-func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, "usage", hash, func(tx *sql.Tx) (any, error) {
+// applyUsage stores nothing when the turn's usage row exists (a receipt
+// lost, the report's event already booked): a turn is counted once.
+func (s *Store) applyUsage(ctx context.Context, sc Scope, r contract.UsageReport) func(tx *sql.Tx) (any, error) {
+	return func(tx *sql.Tx) (any, error) {
 		u := r.Usage
 		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO turn_usage (conversation_id, event_id, tenant, env, user_id, client_message_id, outcome,
 				input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_nano, num_turns, duration_ms, at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation_id, event_id) DO NOTHING`),
 			sc.Conversation, r.EventID, sc.Tenant, sc.Env, sc.User, r.ClientMessageID, r.Outcome,
 			u.InputTokens, u.OutputTokens, u.CacheCreationInputTokens, u.CacheReadInputTokens, r.CostNanoUSD, r.NumTurns, r.DurationMS, controlstore.Millis(r.Time))
 		if err != nil {
 			return nil, fmt.Errorf("store usage: %w", err)
 		}
 		return contract.ReportAck{IdempotencyKey: r.IdempotencyKey}, nil
-	})
+	}
+}
+
+// RecordActivity stores an activity report (r must have passed Validate).
+func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.ActivityReport, hash string) (contract.ReportAck, error) {
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindActivity, hash, s.applyActivity(ctx, sc, r))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
 	return decodeAck(raw, dup)
 }
 
-// RecordActivity stores an activity report (r must have passed Validate).
-func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.ActivityReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, "activity", hash, func(tx *sql.Tx) (any, error) {
+// applyActivity stores nothing when the event's entry exists (a receipt
+// lost): an event has one entry.
+func (s *Store) applyActivity(ctx context.Context, sc Scope, r contract.ActivityReport) func(tx *sql.Tx) (any, error) {
+	return func(tx *sql.Tx) (any, error) {
 		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO activity_log (conversation_id, event_id, tenant, env, type, summary, at, received_at, ref)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation_id, event_id) DO NOTHING`),
 			sc.Conversation, r.EventID, sc.Tenant, sc.Env, string(r.Type), r.Summary, controlstore.Millis(r.Time), controlstore.Millis(s.now()), r.Ref)
 		if err != nil {
 			return nil, fmt.Errorf("store activity: %w", err)
 		}
 		return contract.ReportAck{IdempotencyKey: r.IdempotencyKey}, nil
-	})
-	if err != nil {
-		return contract.ReportAck{}, err
 	}
-	return decodeAck(raw, dup)
+}
+
+// BatchItem is one valid report of a batch with the scope of its group's
+// WorkerToken and its receipt hash (BodyHash of the kind's path and the
+// report's bytes). Exactly one of ToolEvent, Usage and Activity is set.
+type BatchItem struct {
+	Scope     Scope
+	Hash      string
+	ToolEvent *contract.ToolEventReport
+	Usage     *contract.UsageReport
+	Activity  *contract.ActivityReport
+}
+
+// BatchResult is how one BatchItem ended: stored (Duplicate when stored
+// before), or Err: ErrKeyReused (for good), or another error when the item
+// could not be stored now (worth retrying).
+type BatchResult struct {
+	Duplicate bool
+	Err       error
+}
+
+// RecordBatch stores items in one transaction, each once (as
+// RecordToolEvent, RecordUsage and RecordActivity do). If that transaction
+// fails, each item is stored in its own, so one that cannot be stored holds
+// back only itself: its result carries the error. The error return is for
+// a cancelled ctx only.
+func (s *Store) RecordBatch(ctx context.Context, items []BatchItem) ([]BatchResult, error) {
+	res, err := s.recordTogether(ctx, items)
+	if err == nil {
+		return res, nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	res = make([]BatchResult, len(items))
+	for i, it := range items {
+		key, kind, apply := s.batchApply(ctx, it)
+		_, dup, err := s.once(ctx, it.Scope, key, kind, it.Hash, apply)
+		res[i] = BatchResult{Duplicate: dup, Err: err}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return res, nil
+}
+
+func (s *Store) recordTogether(ctx context.Context, items []BatchItem) ([]BatchResult, error) {
+	tx, err := s.db.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("store report batch: %w", err)
+	}
+	defer tx.Rollback()
+	res := make([]BatchResult, len(items))
+	for i, it := range items {
+		key, kind, apply := s.batchApply(ctx, it)
+		_, dup, err := s.onceIn(ctx, tx, it.Scope, key, kind, it.Hash, apply)
+		switch {
+		case errors.Is(err, ErrKeyReused):
+			res[i].Err = err
+		case err != nil:
+			return nil, err
+		default:
+			res[i].Duplicate = dup
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("store report batch: %w", err)
+	}
+	return res, nil
+}
+
+func (s *Store) batchApply(ctx context.Context, it BatchItem) (key, kind string, apply func(tx *sql.Tx) (any, error)) {
+	switch {
+	case it.ToolEvent != nil:
+		return it.ToolEvent.IdempotencyKey, contract.ReportKindToolEvent, s.applyToolEvent(ctx, it.Scope, *it.ToolEvent)
+	case it.Usage != nil:
+		return it.Usage.IdempotencyKey, contract.ReportKindUsage, s.applyUsage(ctx, it.Scope, *it.Usage)
+	default:
+		return it.Activity.IdempotencyKey, contract.ReportKindActivity, s.applyActivity(ctx, it.Scope, *it.Activity)
+	}
 }
 
 func decodeIssueAck(raw json.RawMessage, dup bool) (contract.IssueAck, error) {

@@ -1,5 +1,7 @@
-// Package outbox is the worker's durable outbox for reports to the control
-// plane (tool events, usage, activity, issue writes). A report is written
+// Package outbox is the worker's durable outbox for writes to the control
+// plane that have no other durable source: the issue writes of the
+// talkide-issue-tracking MCP server (event reports are sent from the event
+// log by package reportfeed). A report is written
 // to the session volume (temp file, fsync, rename, fsync of the directory)
 // before Put returns; a sender delivers it, retrying with exponential
 // backoff and full jitter while the control plane is unreachable or answers
@@ -16,9 +18,8 @@
 //
 // The outbox is bounded (Config.MaxEntries, Config.MaxBytes). When full,
 // Put fails with ErrFull, counts talkide_worker_outbox_full_total and logs
-// once per episode; callers decide: the event feed waits (its source, the
-// event log, is durable, so nothing is lost), the MCP tools tell the agent
-// to try later.
+// once per episode; the caller decides (the MCP tools tell the agent to try
+// later).
 //
 // Main types: Outbox, Entry, Sender (implemented by package reportclient).
 // It does not know the wire format of reports or how to authenticate.

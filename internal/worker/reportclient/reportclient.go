@@ -3,9 +3,10 @@
 // with a WorkerToken of the report's conversation, minted with the worker's
 // identity token and cached until shortly before it expires.
 //
-// Client implements outbox.Sender (delivering queued reports) and reads a
-// tenant-env's issues for the talkide-issue-tracking MCP server. It does not
-// queue or retry (package outbox does).
+// Client implements reportfeed.Sender (event reports in batches, one
+// WorkerToken per conversation) and outbox.Sender (queued issue writes),
+// and reads a tenant-env's issues for the talkide-issue-tracking MCP
+// server. It does not queue or retry (packages reportfeed and outbox do).
 package reportclient
 
 import (
@@ -25,6 +26,7 @@ import (
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/worker/localproxy"
 	"github.com/talkide/talkide/internal/worker/outbox"
+	"github.com/talkide/talkide/internal/worker/reportfeed"
 )
 
 // Minter mints WorkerTokens (localproxy.MintClient).
@@ -45,7 +47,10 @@ type Client struct {
 	tokens map[string]contract.MintResponse
 }
 
-var _ outbox.Sender = (*Client)(nil)
+var (
+	_ outbox.Sender     = (*Client)(nil)
+	_ reportfeed.Sender = (*Client)(nil)
+)
 
 // New returns a client of the control plane at base (TALKIDE_GATEWAY_BASE_URL).
 // hc nil means a client with a 30 s timeout.
@@ -106,6 +111,16 @@ func (c *Client) do(ctx context.Context, conv, method, path string, body []byte)
 	if err != nil {
 		return nil, err
 	}
+	b, err := c.call(ctx, tok, method, path, body)
+	var se *StatusError
+	if errors.As(err, &se) && se.Status == http.StatusUnauthorized {
+		c.forget(conv) // expired or rotated: mint a fresh one next time
+	}
+	return b, err
+}
+
+// call sends one request, with X-Worker-Token tok unless it is "".
+func (c *Client) call(ctx context.Context, tok, method, path string, body []byte) ([]byte, error) {
 	u := httpapi.JoinURL(c.base, path)
 	if i := bytes.IndexByte([]byte(path), '?'); i >= 0 { // JoinURL takes paths only
 		u = httpapi.JoinURL(c.base, path[:i])
@@ -122,7 +137,9 @@ func (c *Client) do(ctx context.Context, conv, method, path string, body []byte)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set(contract.HeaderWorkerToken, tok)
+	if tok != "" {
+		req.Header.Set(contract.HeaderWorkerToken, tok)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, err
@@ -135,12 +152,88 @@ func (c *Client) do(ctx context.Context, conv, method, path string, body []byte)
 	if resp.StatusCode == http.StatusOK {
 		return b, nil
 	}
-	if resp.StatusCode == http.StatusUnauthorized {
-		c.forget(conv) // expired or rotated: mint a fresh one next time
-	}
 	var eb contract.ErrorBody
 	_ = json.Unmarshal(b, &eb)
 	return nil, &StatusError{Status: resp.StatusCode, Type: eb.Error.Type, Msg: eb.Error.Message}
+}
+
+// SendReports implements reportfeed.Sender: the groups go in one
+// contract.ReportBatch, each under a WorkerToken of its conversation. A
+// group whose token cannot be minted is answered without being sent (a
+// mint refusal of the conversation is permanent); a group whose token the
+// control plane refuses has its token renewed next time. A report the
+// control plane could not store now fails its group, to be sent again.
+func (c *Client) SendReports(ctx context.Context, groups []reportfeed.Group) ([]reportfeed.GroupResult, error) {
+	out := make([]reportfeed.GroupResult, len(groups))
+	var batch contract.ReportBatch
+	var sent []int // indexes into groups of batch.Groups
+	for i, g := range groups {
+		tok, err := c.token(ctx, g.Conversation)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			out[i] = reportfeed.GroupResult{Err: err, Permanent: Permanent(err)}
+			continue
+		}
+		rg := contract.ReportGroup{WorkerToken: tok, Reports: make([]contract.BatchedReport, len(g.Reports))}
+		for k, r := range g.Reports {
+			rg.Reports[k] = contract.BatchedReport{Kind: r.Kind, Report: r.Body}
+		}
+		batch.Groups = append(batch.Groups, rg)
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return out, nil
+	}
+	body, err := json.Marshal(batch)
+	if err != nil {
+		return nil, fmt.Errorf("encode report batch: %w", err)
+	}
+	b, err := c.call(ctx, "", http.MethodPost, contract.PathReportBatch, body)
+	if err != nil {
+		return nil, err
+	}
+	var ack contract.ReportBatchAck
+	if err := json.Unmarshal(b, &ack); err != nil || len(ack.Groups) != len(sent) {
+		return nil, fmt.Errorf("control plane: unreadable answer to a batch of %d groups", len(sent))
+	}
+	for k, i := range sent {
+		g, ga := groups[i], ack.Groups[k]
+		if ga.Status != http.StatusOK {
+			if ga.Status == http.StatusUnauthorized {
+				c.forget(g.Conversation)
+			}
+			se := &StatusError{Status: ga.Status}
+			if ga.Error != nil {
+				se.Type, se.Msg = ga.Error.Type, ga.Error.Message
+			}
+			out[i] = reportfeed.GroupResult{Err: se, Permanent: Permanent(se)}
+			continue
+		}
+		if len(ga.Results) != len(g.Reports) {
+			out[i] = reportfeed.GroupResult{Err: fmt.Errorf("control plane: %d answers for %d reports", len(ga.Results), len(g.Reports))}
+			continue
+		}
+		for n, rr := range ga.Results {
+			if rr.Status == http.StatusOK {
+				continue
+			}
+			se := &StatusError{Status: rr.Status}
+			if rr.Error != nil {
+				se.Type, se.Msg = rr.Error.Type, rr.Error.Message
+			}
+			if !Permanent(se) {
+				out[i] = reportfeed.GroupResult{Err: fmt.Errorf("report %s: %w", g.Reports[n].Key, se)}
+				break
+			}
+			out[i].Refused = append(out[i].Refused, g.Reports[n].Key+": "+se.Error())
+		}
+		if out[i].Err != nil {
+			out[i].Refused = nil // the group is sent again whole
+		}
+	}
+	return out, nil
 }
 
 // Permanent reports whether err is a refusal that retrying cannot fix: a

@@ -2,43 +2,36 @@ package reportfeed
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/talkide/talkide/internal/worker/outbox"
 	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
-// TestFeedRetriesAfterAFullDisk guards against reports left behind: a
-// catch-up whose Put met a full disk was logged and not tried again until
-// the conversation's next event. Here the outbox's disk is full when the
-// feed starts; once space is freed, every report arrives with no new event.
-func TestFeedRetriesAfterAFullDisk(t *testing.T) {
+// TestFullDiskHoldsNoReportBack: reports do not wait for the disk. With the
+// cursors' disk full, every report is still delivered; the cursor is saved
+// once there is room again, and a restart then sends nothing twice. (When
+// reports went through fsynced outbox files, a full disk stopped them.)
+func TestFullDiskHoldsNoReportBack(t *testing.T) {
 	dir := t.TempDir()
 	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
-	el, _, _ := store.OpenEventLog("c1")
-	store.SaveMeta(&sessionstore.Meta{ConversationID: "c1"})
-	for _, ev := range sampleEvents("c1")[:4] {
-		el.Append(ev)
-	}
+	appendN(t, store, "c1", 4)
 	small := filepath.Join(dir, "small")
 	os.Mkdir(small, 0o700)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", small).CombinedOutput(); err != nil {
 		t.Fatalf("mount a tmpfs for a full disk (needs root): %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", small).Run() })
-	rec := &recorder{}
-	ob, err := outbox.Open(outbox.Config{Dir: filepath.Join(small, "outbox"), Sender: rec, MinBackoff: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cursors := filepath.Join(small, "cursors")
+	os.Mkdir(cursors, 0o700)
 	filler := filepath.Join(small, "filler")
 	f, _ := os.Create(filler)
 	for {
@@ -50,39 +43,60 @@ func TestFeedRetriesAfterAFullDisk(t *testing.T) {
 		}
 	}
 	f.Close()
-	failed := make(chan struct{})
-	var once sync.Once
-	feed, err := New(Config{Outbox: ob, Logs: logs{store}, List: store.List, Dir: filepath.Join(dir, "cursors"),
-		Logger: slog.New(errorSignal{func() { once.Do(func() { close(failed) }) }})})
+	rec := &recorder{}
+	var errs atomicCount
+	feed, err := New(Config{Sender: rec, Logs: logs{store}, List: store.List, Dir: cursors, Logger: slog.New(errorSignal{errs.add})})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { ob.Run(ctx) })
-	wg.Go(func() { feed.Run(ctx) })
-	defer func() { cancel(); wg.Wait() }()
-	select {
-	case <-failed: // the catch-up met the full disk
-	case <-time.After(30 * time.Second):
-		t.Fatal("the feed never met the full disk")
+	done := make(chan struct{})
+	go func() { feed.Run(ctx); close(done) }()
+	rec.waitKeys(t, 4)
+	cancel()
+	<-done // Run saves its cursors as it ends: the disk is full
+	if errs.load() == 0 {
+		t.Fatal("saving the cursor on a full disk logged no error")
 	}
-	if n, _ := ob.Len(); n > 0 {
-		t.Fatal("the outbox took a report on a full disk")
+	if _, err := os.Stat(filepath.Join(cursors, "c1.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a cursor file on a full disk: %v", err)
 	}
 	os.Remove(filler)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		rec.mu.Lock()
-		got := len(rec.keys)
-		rec.mu.Unlock()
-		if got >= 5 { // 4 activity + 1 tool
+	// The next run sends again what it cannot know was sent, then saves.
+	_, stop := startFeed(t, small, store, rec, nil)
+	waitFile(t, filepath.Join(cursors, "c1.json"))
+	stop()
+	b, _ := os.ReadFile(filepath.Join(cursors, "c1.json"))
+	var c cursorFile
+	if json.Unmarshal(b, &c) != nil || c.EventID != 4 {
+		t.Fatalf("cursor %s, want event 4", b)
+	}
+	sent := rec.requests
+	_, stop = startFeed(t, small, store, rec, nil)
+	time.Sleep(3 * linger)
+	stop()
+	if rec.requests != sent {
+		t.Errorf("a restart with a saved cursor sent %d requests", rec.requests-sent)
+	}
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("got %d reports after space was freed, want 5 (with no new event)", got)
+			t.Fatalf("%s never written", path)
 		}
 	}
 }
+
+// atomicCount counts calls of add.
+type atomicCount struct{ n atomic.Int64 }
+
+func (c *atomicCount) add()        { c.n.Add(1) }
+func (c *atomicCount) load() int64 { return c.n.Load() }
 
 // errorSignal is a slog handler that calls f for every error record.
 type errorSignal struct{ f func() }

@@ -1,19 +1,26 @@
-// Package reportfeed turns each conversation's durable event log into
-// reports in the worker's outbox: one activity entry per event, a tool event
-// per tool_use and tool_result, and a usage report per finished turn.
+// Package reportfeed reports each conversation's events to the control
+// plane: one activity entry per event, a tool event per tool_use and
+// tool_result, and a usage report per finished turn.
 //
-// It follows every conversation's log from a cursor persisted next to the
-// outbox, so it needs nothing from the harness but a wake-up (Notify, wired
-// to harness.Config.OnEvent) and survives restarts: on start it catches up
-// every conversation from its cursor. Report keys are derived from the event
-// id ("<conversation>:<event id>:<kind>"), so a report enqueued again after
-// a crash between enqueue and cursor save is stored once by the control
-// plane. When the outbox is full the feed stops advancing and waits for
-// room: the event log is the overflow and nothing is lost. Any other
-// failure (out of open files, a full disk) is retried with a backoff.
+// The event log is the durable queue: the feed reads each conversation's
+// log after its cursor, sends what it finds in batches (one request carries
+// the reports of many conversations, each group under its conversation's
+// WorkerToken; the control plane stores a batch in one transaction), and
+// moves the cursor only past what the control plane answered. Nothing is
+// written to disk per event: the cursors are saved every few seconds, and
+// a cursor that is behind after a crash only makes the feed send reports
+// again, which the control plane stores once (report keys are derived from
+// the event id, "<conversation>:<event id>:<kind>"). A request that fails
+// (the control plane unreachable, or answering 429 or 5xx) is retried with
+// a backoff; a report the control plane refuses for good is logged and
+// counted, and the conversation's next report follows.
 //
-// Main types: Feed; Reports maps one event to its reports. It does not send
-// anything (package outbox does).
+// It needs nothing from the harness but a wake-up (Notify, wired to
+// harness.Config.OnEvent), and survives restarts: on start it catches up
+// every conversation from its saved cursor.
+//
+// Main types: Feed, Sender (implemented by package reportclient); Reports
+// maps one event to its reports.
 package reportfeed
 
 import (
@@ -30,48 +37,121 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/worker/atomicfile"
-	"github.com/talkide/talkide/internal/worker/outbox"
 	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
-// Logs gives access to conversations' event logs (the harness).
+// Logs gives access to conversations' event logs (the harness). Events
+// returns an error wrapping sessionstore.ErrNotFound for a conversation
+// that no longer exists.
 type Logs interface {
 	Events(conv string) (*sessionstore.EventLog, error)
 }
 
+// Sender delivers report batches (reportclient.Client).
+type Sender interface {
+	// SendReports sends groups in one request and returns one result per
+	// group, in order. An error means the request failed as a whole (the
+	// control plane unreachable, or answering 429 or 5xx): every group is
+	// sent again later.
+	SendReports(ctx context.Context, groups []Group) ([]GroupResult, error)
+}
+
+// Group is one conversation's reports in a batch, in event order.
+type Group struct {
+	Conversation string
+	Reports      []Report
+}
+
+// GroupResult is how one group of a batch ended.
+type GroupResult struct {
+	// Err is why the group was not taken: its WorkerToken could not be
+	// minted or was refused, or a report could not be stored now. Nil
+	// when the control plane answered every report.
+	Err error
+	// Permanent is set with Err when retrying cannot help (the mint
+	// refused the conversation): the group's reports are dropped, logged
+	// and counted.
+	Permanent bool
+	// Refused describes the reports the control plane refused for good
+	// (invalid, or a key reused for another report), one line each.
+	Refused []string
+}
+
 // Config configures a Feed.
 type Config struct {
-	// Outbox receives the reports. Required.
-	Outbox *outbox.Outbox
+	// Sender delivers the reports. Required.
+	Sender Sender
 	// Logs opens event logs. Required.
 	Logs Logs
 	// List returns every conversation id of the worker (sessionstore.Store.List).
 	// Required.
 	List func() ([]string, error)
 	// Dir holds the cursors (on the session volume). Required.
-	Dir    string
-	Logger *slog.Logger
+	Dir string
+	// Metrics receives the feed's measurements; nil records none.
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
-// Feed follows conversations' event logs into the outbox.
+// Metrics are the feed's Prometheus measurements. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	sent, refused, failed prometheus.Counter
+}
+
+// NewMetrics creates the feed's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_reports_sent_total",
+			Help: "Event reports (activity, tool events, usage) the control plane stored, or had stored before."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_reports_refused_total",
+			Help: "Event reports the control plane refused for good (invalid, a reused key, a conversation the mint refuses); logged, not sent again."}),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_report_batches_failed_total",
+			Help: "Report batches that failed as a whole (control plane unreachable, 429 or 5xx) and are sent again after a backoff."}),
+	}
+	reg.MustRegister(m.sent, m.refused, m.failed)
+	return m
+}
+
+func (m *Metrics) add(c func(*Metrics) prometheus.Counter, n int) {
+	if m != nil && n > 0 {
+		c(m).Add(float64(n))
+	}
+}
+
+// cursor is the feed's position in one conversation's log.
+type cursor struct {
+	// taken: every event up to this id was answered by the control plane;
+	// saved: the id in the cursor file.
+	taken, saved int64
+	touched      time.Time
+}
+
+// Feed follows conversations' event logs to the control plane.
 type Feed struct {
 	cfg Config
 	log *slog.Logger
 
 	mu sync.Mutex
-	// dirty are conversations with events the feed may not have taken yet;
+	// dirty are conversations with events the feed may not have sent yet;
 	// guarded by mu.
 	dirty map[string]bool
 	// wake is signalled by Notify; buffered, never closed.
 	wake chan struct{}
+
+	// cursors and lastSave are Run's alone.
+	cursors  map[string]*cursor
+	lastSave time.Time
 }
 
 // New returns a Feed; call Run.
 func New(cfg Config) (*Feed, error) {
-	if cfg.Outbox == nil || cfg.Logs == nil || cfg.List == nil || cfg.Dir == "" {
-		return nil, errors.New("report feed config: Outbox, Logs, List and Dir are required")
+	if cfg.Sender == nil || cfg.Logs == nil || cfg.List == nil || cfg.Dir == "" {
+		return nil, errors.New("report feed config: Sender, Logs, List and Dir are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -79,7 +159,7 @@ func New(cfg Config) (*Feed, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("report feed: %w", err)
 	}
-	return &Feed{cfg: cfg, log: cfg.Logger, dirty: map[string]bool{}, wake: make(chan struct{}, 1)}, nil
+	return &Feed{cfg: cfg, log: cfg.Logger, dirty: map[string]bool{}, wake: make(chan struct{}, 1), cursors: map[string]*cursor{}}, nil
 }
 
 // Notify tells the feed that ev was stored. It never blocks; wire it to
@@ -94,25 +174,53 @@ func (f *Feed) Notify(ev contract.Event) {
 	}
 }
 
-// Run catches up every conversation, then follows new events until ctx ends.
-// A conversation the feed could not take (the outbox or the event log
-// failed: out of open files, a full disk) is tried again after a backoff,
-// as is the listing of conversations at start: a transient failure delays
-// reports, it never leaves them behind.
+// Timing of the feed.
+const (
+	// linger is the least time between two requests: the reports of events
+	// that come close together go in one request.
+	linger = 25 * time.Millisecond
+	// minRetry and maxRetry bound the wait before a failed conversation or
+	// request is tried again (doubling in between).
+	minRetry = 100 * time.Millisecond
+	maxRetry = 10 * time.Second
+	// cursorSaveEvery is how often moved cursors are saved; cursorIdle how
+	// long a saved cursor stays in memory after it last moved.
+	cursorSaveEvery = 5 * time.Second
+	cursorIdle      = time.Minute
+)
+
+// Bounds of one request (within the control plane's, contract.MaxReportBatch*).
+const (
+	batchEvents  = 256 // events read from one log at a time
+	batchGroups  = contract.MaxReportBatchGroups
+	batchReports = contract.MaxReportBatchReports
+	batchBytes   = contract.MaxReportBatchBody / 2 // the rest: tokens and framing
+)
+
+// Run catches up every conversation, then follows new events until ctx ends
+// (saving every moved cursor before it returns). A conversation the feed
+// could not read, and a request that failed, are tried again after a
+// backoff, as is the listing of conversations at start: a transient
+// failure delays reports, it never leaves them behind.
 func (f *Feed) Run(ctx context.Context) error {
+	defer f.saveCursors(true)
 	listed := false
 	delay := minRetry
+	var lastSend time.Time
 	for {
 		if !listed {
 			if ids, err := f.cfg.List(); err != nil {
 				f.log.Error("list conversations for reporting", "err", err)
 			} else {
 				listed = true
-				f.mu.Lock()
-				for _, id := range ids {
-					f.dirty[id] = true
-				}
-				f.mu.Unlock()
+				f.markDirty(ids...)
+			}
+		}
+		if wait := linger - time.Since(lastSend); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
 			}
 		}
 		f.mu.Lock()
@@ -123,28 +231,13 @@ func (f *Feed) Run(ctx context.Context) error {
 		clear(f.dirty)
 		f.mu.Unlock()
 		slices.Sort(convs)
-		var blocked, failed []string
-		for _, c := range convs {
-			if ctx.Err() != nil {
-				return nil
-			}
-			switch err := f.catchUp(c); {
-			case errors.Is(err, outbox.ErrFull):
-				blocked = append(blocked, c)
-			case err != nil:
-				f.log.Error("report events; retrying", "conversation", c, "err", err)
-				failed = append(failed, c)
-			}
+		failed, sent := f.round(ctx, convs)
+		if sent {
+			lastSend = time.Now()
 		}
-		var space <-chan struct{}
-		if len(blocked) > 0 {
-			space = f.cfg.Outbox.Space()
-			if n, _ := f.cfg.Outbox.Len(); n == 0 {
-				// Emptied between the refusal and now: go again at once.
-				closed := make(chan struct{})
-				close(closed)
-				space = closed
-			}
+		f.saveCursors(false)
+		if ctx.Err() != nil {
+			return nil
 		}
 		var retry <-chan time.Time
 		if len(failed) > 0 || !listed {
@@ -153,74 +246,145 @@ func (f *Feed) Run(ctx context.Context) error {
 		} else {
 			delay = minRetry
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-f.wake:
-		case <-space:
-		case <-retry:
-		}
 		f.mu.Lock()
-		for _, c := range slices.Concat(blocked, failed) {
-			f.dirty[c] = true
-		}
+		more := len(f.dirty) > 0
 		f.mu.Unlock()
+		if !more {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-f.wake:
+			case <-retry:
+			case <-time.After(cursorSaveEvery):
+			}
+		} else if retry != nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-retry:
+			}
+		}
+		f.markDirty(failed...)
 	}
 }
 
-// minRetry and maxRetry bound the wait before a failed conversation is
-// tried again (doubling in between).
-const (
-	minRetry = 100 * time.Millisecond
-	maxRetry = 10 * time.Second
-)
-
-// batch is how many events the feed reads at a time; the cursor is saved
-// after each batch.
-const batch = 256
-
-// catchUp puts the reports of conv's events after its cursor into the
-// outbox. It returns outbox.ErrFull when the outbox took no more.
-func (f *Feed) catchUp(conv string) error {
-	cursor, err := f.cursor(conv)
-	if err != nil {
-		return err
+func (f *Feed) markDirty(convs ...string) {
+	f.mu.Lock()
+	for _, c := range convs {
+		f.dirty[c] = true
 	}
-	el, err := f.cfg.Logs.Events(conv)
-	if err != nil {
-		return err
-	}
-	for {
-		evs, err := el.Since(cursor, batch)
-		if err != nil || len(evs) == 0 {
-			return err
-		}
-		start := cursor
-		var putErr error
-		for _, ev := range evs {
-			if putErr = f.put(conv, ev); putErr != nil {
+	f.mu.Unlock()
+}
+
+// round sends the reports of convs' new events, in as few requests as the
+// bounds allow. It returns the conversations to try again after a backoff
+// and whether a request was sent; conversations with more events than one
+// request took are marked dirty.
+func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent bool) {
+	for len(convs) > 0 && ctx.Err() == nil {
+		var groups []Group
+		var lasts []int64
+		var more []string
+		reports, size := 0, 0
+		i := 0
+		for ; i < len(convs) && len(groups) < batchGroups; i++ {
+			c := convs[i]
+			after, err := f.cursor(c)
+			if err != nil {
+				f.log.Error("read report cursor; retrying", "conversation", c, "err", err)
+				failed = append(failed, c)
+				continue
+			}
+			el, err := f.cfg.Logs.Events(c)
+			if errors.Is(err, sessionstore.ErrNotFound) {
+				f.forget(c)
+				continue
+			}
+			var evs []contract.Event
+			if err == nil {
+				evs, err = el.Since(after, batchEvents)
+			}
+			if err != nil {
+				f.log.Error("read events to report; retrying", "conversation", c, "err", err)
+				failed = append(failed, c)
+				continue
+			}
+			if len(evs) == 0 {
+				if cur := f.cursors[c]; cur != nil && cur.taken == cur.saved {
+					delete(f.cursors, c) // nothing new, nothing to save: keep memory for active conversations
+				}
+				continue
+			}
+			g, last, full := Group{Conversation: c}, after, false
+			for _, ev := range evs {
+				rs := Reports(ev)
+				n := 0
+				for _, r := range rs {
+					n += len(r.Body) + len(r.Key) + 64
+				}
+				if reports+len(g.Reports)+len(rs) > batchReports || size+n > batchBytes {
+					full = true
+					break
+				}
+				g.Reports = append(g.Reports, rs...)
+				size += n
+				last = ev.ID
+			}
+			if len(g.Reports) > 0 {
+				groups = append(groups, g)
+				lasts = append(lasts, last)
+				reports += len(g.Reports)
+			}
+			if full || len(evs) == batchEvents {
+				more = append(more, c)
+			}
+			if full {
+				i++
 				break
 			}
-			cursor = ev.ID
 		}
-		if cursor != start {
-			if err := f.saveCursor(conv, cursor); err != nil {
-				return err
+		convs = convs[i:]
+		if len(groups) == 0 {
+			f.markDirty(more...)
+			continue
+		}
+		res, err := f.cfg.Sender.SendReports(ctx, groups)
+		sent = true
+		if err == nil && len(res) != len(groups) {
+			err = fmt.Errorf("%d answers for %d groups", len(res), len(groups))
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				f.log.Error("send reports; retrying", "groups", len(groups), "reports", reports, "err", err)
+				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.failed }, 1)
+			}
+			for _, g := range groups {
+				failed = append(failed, g.Conversation)
+			}
+			return append(append(failed, more...), convs...), sent
+		}
+		for k, g := range groups {
+			r := res[k]
+			for _, why := range r.Refused {
+				f.log.Warn("report refused by the control plane; not sent again", "conversation", g.Conversation, "report", why)
+			}
+			f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.refused }, len(r.Refused))
+			switch {
+			case r.Err == nil:
+				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.sent }, len(g.Reports)-len(r.Refused))
+				f.advance(g.Conversation, lasts[k])
+			case r.Permanent:
+				f.log.Error("reports of a conversation refused; dropped", "conversation", g.Conversation, "reports", len(g.Reports), "err", r.Err)
+				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.refused }, len(g.Reports))
+				f.advance(g.Conversation, lasts[k])
+			default:
+				f.log.Error("send reports of a conversation; retrying", "conversation", g.Conversation, "err", r.Err)
+				failed = append(failed, g.Conversation)
 			}
 		}
-		if putErr != nil {
-			return putErr
-		}
+		f.markDirty(more...)
 	}
-}
-
-func (f *Feed) put(conv string, ev contract.Event) error {
-	for _, r := range Reports(ev) {
-		if _, err := f.cfg.Outbox.Put(conv, "POST", r.Path, r.Key, r.Body); err != nil {
-			return err
-		}
-	}
-	return nil
+	return failed, sent
 }
 
 type cursorFile struct {
@@ -230,32 +394,75 @@ type cursorFile struct {
 
 func (f *Feed) cursorPath(conv string) string { return filepath.Join(f.cfg.Dir, conv+".json") }
 
+// cursor returns the id of the last event of conv the control plane
+// answered, from memory or from its file. An unreadable file counts as 0
+// (everything is sent again and stored once); only a failure to read it
+// at all is an error.
 func (f *Feed) cursor(conv string) (int64, error) {
+	if c := f.cursors[conv]; c != nil {
+		return c.taken, nil
+	}
+	var id int64
 	b, err := os.ReadFile(f.cursorPath(conv))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
 		return 0, fmt.Errorf("read report cursor: %w", err)
+	default:
+		var c cursorFile
+		if err := json.Unmarshal(b, &c); err != nil || c.Format != 1 || c.EventID < 0 {
+			f.log.Warn("report cursor unreadable; reporting the conversation from its start (the control plane stores each report once)", "conversation", conv)
+		} else {
+			id = c.EventID
+		}
 	}
-	var c cursorFile
-	if err := json.Unmarshal(b, &c); err != nil || c.Format != 1 {
-		return 0, fmt.Errorf("read report cursor of %s: unknown format", conv)
-	}
-	return c.EventID, nil
+	f.cursors[conv] = &cursor{taken: id, saved: id, touched: time.Now()}
+	return id, nil
 }
 
-func (f *Feed) saveCursor(conv string, id int64) error {
-	b, _ := json.Marshal(cursorFile{Format: 1, EventID: id})
-	if err := atomicfile.WriteFile(f.cursorPath(conv), b, 0o600); err != nil {
-		return fmt.Errorf("save report cursor: %w", err)
+func (f *Feed) advance(conv string, id int64) {
+	if c := f.cursors[conv]; c != nil && id > c.taken {
+		c.taken, c.touched = id, time.Now()
 	}
-	return nil
 }
 
-// Report is one request for the outbox.
+// forget drops the cursor of a conversation that no longer exists.
+func (f *Feed) forget(conv string) {
+	delete(f.cursors, conv)
+	if err := os.Remove(f.cursorPath(conv)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		f.log.Warn("remove the report cursor of a deleted conversation", "conversation", conv, "err", err)
+	}
+}
+
+// saveCursors writes the cursors that moved since they were last saved, at
+// most every cursorSaveEvery unless force, and drops from memory those
+// saved and idle. A cursor that cannot be written (a full disk) stays
+// in memory and is tried again.
+func (f *Feed) saveCursors(force bool) {
+	now := time.Now()
+	if !force && now.Sub(f.lastSave) < cursorSaveEvery {
+		return
+	}
+	f.lastSave = now
+	for conv, c := range f.cursors {
+		if c.taken != c.saved {
+			b, _ := json.Marshal(cursorFile{Format: 1, EventID: c.taken})
+			if err := atomicfile.WriteFile(f.cursorPath(conv), b, 0o600); err != nil {
+				f.log.Error("save report cursor; trying again later (a restart before then sends some reports again)", "conversation", conv, "err", err)
+				continue
+			}
+			c.saved = c.taken
+		}
+		if now.Sub(c.touched) > cursorIdle {
+			delete(f.cursors, conv)
+		}
+	}
+}
+
+// Report is one report of an event: Kind is a contract.ReportKind*
+// constant, Body the report's JSON.
 type Report struct {
-	Path string
+	Kind string
 	Key  string
 	Body []byte
 }
@@ -266,40 +473,40 @@ type Report struct {
 func Reports(ev contract.Event) []Report {
 	key := func(kind string) string { return fmt.Sprintf("%s:%d:%s", ev.ConversationID, ev.ID, kind) }
 	var out []Report
-	add := func(path, kind string, v any) {
+	add := func(kind, keyKind string, v any) {
 		b, err := json.Marshal(v)
 		if err == nil {
-			out = append(out, Report{Path: path, Key: key(kind), Body: b})
+			out = append(out, Report{Kind: kind, Key: key(keyKind), Body: b})
 		}
 	}
 	switch ev.Type {
 	case contract.EventToolUse:
 		var p contract.ToolUse
 		if json.Unmarshal(ev.Data, &p) == nil && p.ToolUseID != "" {
-			add(contract.PathReportToolEvents, "tool", contract.ToolEventReport{IdempotencyKey: key("tool"), EventID: ev.ID, Time: ev.Time,
+			add(contract.ReportKindToolEvent, "tool", contract.ToolEventReport{IdempotencyKey: key("tool"), EventID: ev.ID, Time: ev.Time,
 				Phase: contract.ToolPhaseUse, ToolUseID: clip(p.ToolUseID, 200), Name: clip(p.Name, 200), Input: clipJSON(p.Input)})
 		}
 	case contract.EventToolResult:
 		var p contract.ToolResult
 		if json.Unmarshal(ev.Data, &p) == nil && p.ToolUseID != "" {
-			add(contract.PathReportToolEvents, "tool", contract.ToolEventReport{IdempotencyKey: key("tool"), EventID: ev.ID, Time: ev.Time,
+			add(contract.ReportKindToolEvent, "tool", contract.ToolEventReport{IdempotencyKey: key("tool"), EventID: ev.ID, Time: ev.Time,
 				Phase: contract.ToolPhaseResult, ToolUseID: clip(p.ToolUseID, 200), Output: clip(p.Content, contract.MaxToolOutput), IsError: p.IsError})
 		}
 	case contract.EventTurnCompleted:
 		var p contract.TurnCompleted
 		if json.Unmarshal(ev.Data, &p) == nil {
-			add(contract.PathReportUsage, "usage", contract.UsageReport{IdempotencyKey: key("usage"), EventID: ev.ID, Time: ev.Time,
+			add(contract.ReportKindUsage, "usage", contract.UsageReport{IdempotencyKey: key("usage"), EventID: ev.ID, Time: ev.Time,
 				ClientMessageID: clip(p.ClientMessageID, 64), Outcome: contract.OutcomeCompleted, Usage: nonNegative(p.Usage),
 				CostNanoUSD: max(p.CostNanoUSD, 0), NumTurns: max(p.NumTurns, 0), DurationMS: max(p.DurationMS, 0)})
 		}
 	case contract.EventTurnFailed:
 		var p contract.TurnFailed
 		if json.Unmarshal(ev.Data, &p) == nil {
-			add(contract.PathReportUsage, "usage", contract.UsageReport{IdempotencyKey: key("usage"), EventID: ev.ID, Time: ev.Time,
+			add(contract.ReportKindUsage, "usage", contract.UsageReport{IdempotencyKey: key("usage"), EventID: ev.ID, Time: ev.Time,
 				ClientMessageID: clip(p.ClientMessageID, 64), Outcome: contract.OutcomeFailed, Usage: nonNegative(p.Usage)})
 		}
 	}
-	add(contract.PathReportActivity, "activity", contract.ActivityReport{IdempotencyKey: key("activity"), EventID: ev.ID, Time: ev.Time,
+	add(contract.ReportKindActivity, "activity", contract.ActivityReport{IdempotencyKey: key("activity"), EventID: ev.ID, Time: ev.Time,
 		Type: ev.Type, Summary: clip(Summary(ev), contract.MaxSummary), Ref: clip(Ref(ev), 200)})
 	return out
 }

@@ -3,9 +3,11 @@ package reportfeed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,7 +16,6 @@ import (
 
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
-	"github.com/talkide/talkide/internal/worker/outbox"
 	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
@@ -54,59 +55,122 @@ func TestReportsPassTheControlPlanesValidation(t *testing.T) {
 	want := map[string]int{}
 	for _, ev := range sampleEvents("c1") {
 		for _, rep := range Reports(ev) {
-			want[rep.Path]++
+			want[rep.Kind]++
 			var v interface{ Validate() error }
-			switch rep.Path {
-			case contract.PathReportToolEvents:
+			switch rep.Kind {
+			case contract.ReportKindToolEvent:
 				v = &contract.ToolEventReport{}
-			case contract.PathReportUsage:
+			case contract.ReportKindUsage:
 				v = &contract.UsageReport{}
-			case contract.PathReportActivity:
+			case contract.ReportKindActivity:
 				v = &contract.ActivityReport{}
 			default:
-				t.Fatalf("unexpected path %s", rep.Path)
+				t.Fatalf("unexpected kind %s", rep.Kind)
 			}
 			if err := httpapi.DecodeJSON(r, rep.Body, v); err != nil {
 				t.Fatalf("%s: %v", rep.Body, err)
 			}
 			if err := v.Validate(); err != nil {
-				t.Errorf("event %s: report %s refused: %v", ev.Type, rep.Path, err)
+				t.Errorf("event %s: report %s refused: %v", ev.Type, rep.Kind, err)
 			}
 			if !strings.HasPrefix(rep.Key, fmt.Sprintf("c1:%d:", ev.ID)) {
 				t.Errorf("key %q not derived from the event id", rep.Key)
 			}
 		}
 	}
-	if want[contract.PathReportActivity] != 12 || want[contract.PathReportToolEvents] != 2 || want[contract.PathReportUsage] != 2 {
+	if want[contract.ReportKindActivity] != 12 || want[contract.ReportKindToolEvent] != 2 || want[contract.ReportKindUsage] != 2 {
 		t.Errorf("reports per path: %v", want)
 	}
 }
 
-// recorder is an outbox.Sender that stores keys once, in arrival order.
+// recorder is a Sender that stores keys once, in arrival order, and can
+// be told to fail requests or groups.
 type recorder struct {
-	mu   sync.Mutex
-	keys []string
-	seen map[string]int
+	mu       sync.Mutex
+	keys     []string
+	seen     map[string]int
+	requests int
+	// fail, when set, decides a request's fate before anything is stored:
+	// a non-nil error fails the request whole.
+	fail func(n int, groups []Group) error
+	// group, when set, may answer a group instead of storing it.
+	group func(g Group) (GroupResult, bool)
 }
 
-func (r *recorder) Send(_ context.Context, e outbox.Entry) ([]byte, error) {
+func (r *recorder) SendReports(_ context.Context, groups []Group) ([]GroupResult, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.requests++
+	if r.fail != nil {
+		if err := r.fail(r.requests, groups); err != nil {
+			return nil, err
+		}
+	}
 	if r.seen == nil {
 		r.seen = map[string]int{}
 	}
-	r.seen[e.Key]++
-	if r.seen[e.Key] == 1 {
-		r.keys = append(r.keys, e.Key)
+	out := make([]GroupResult, len(groups))
+	for i, g := range groups {
+		if r.group != nil {
+			if res, ok := r.group(g); ok {
+				out[i] = res
+				continue
+			}
+		}
+		for _, rep := range g.Reports {
+			r.seen[rep.Key]++
+			if r.seen[rep.Key] == 1 {
+				r.keys = append(r.keys, rep.Key)
+			}
+		}
 	}
-	return []byte(`{}`), nil
+	return out, nil
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.keys)
+}
+
+func (r *recorder) waitKeys(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if r.count() >= n {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("got %d reports, want %d", r.count(), n)
 }
 
 type logs struct{ store *sessionstore.Store }
 
 func (l logs) Events(conv string) (*sessionstore.EventLog, error) {
-	el, _, err := l.store.OpenEventLog(conv)
-	return el, err
+	if _, err := l.store.LoadMeta(conv); err != nil {
+		return nil, err
+	}
+	return l.store.OpenEventLogReader(conv)
+}
+
+// startFeed runs a feed over store with sender until the returned stop.
+func startFeed(t *testing.T, dir string, store *sessionstore.Store, sender Sender, log *slog.Logger) (*Feed, func()) {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f, err := New(Config{Sender: sender, Logs: logs{store}, List: store.List, Dir: filepath.Join(dir, "cursors"), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return f, stop
 }
 
 func TestFeedFollowsLogsAcrossRestarts(t *testing.T) {
@@ -118,48 +182,19 @@ func TestFeedFollowsLogsAcrossRestarts(t *testing.T) {
 		el.Append(ev)
 	}
 	rec := &recorder{}
-	start := func() (*Feed, func()) {
-		ob, err := outbox.Open(outbox.Config{Dir: filepath.Join(dir, "outbox"), Sender: rec, MinBackoff: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := New(Config{Outbox: ob, Logs: logs{store}, List: store.List, Dir: filepath.Join(dir, "cursors"), Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Go(func() { ob.Run(ctx) })
-		wg.Go(func() { f.Run(ctx) })
-		return f, func() { cancel(); wg.Wait() }
-	}
-	waitKeys := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			rec.mu.Lock()
-			got := len(rec.keys)
-			rec.mu.Unlock()
-			if got >= n {
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		t.Fatalf("got %d reports, want %d", len(rec.keys), n)
-	}
-	_, stop := start()
-	waitKeys(5) // 4 activity + 1 tool
+	_, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 5) // 4 activity + 1 tool
 	stop()
 	// Events stored while the worker was down are caught up on start.
 	for _, ev := range sampleEvents("c1")[4:8] {
 		el.Append(ev)
 	}
-	f, stop := start()
-	waitKeys(11) // + 4 activity, 1 tool, 1 usage
+	f, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 11) // + 4 activity, 1 tool, 1 usage
 	// And new ones follow a Notify.
 	ev, _ := el.Append(sampleEvents("c1")[8])
 	f.Notify(ev)
-	waitKeys(13)
+	rec.waitKeys(t, 13)
 	stop()
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -174,6 +209,192 @@ func TestFeedFollowsLogsAcrossRestarts(t *testing.T) {
 	if got := strings.Join(order, " "); got != want {
 		t.Errorf("order:\n got %s\nwant %s", got, want)
 	}
+}
+
+// appendN stores n assistant lines in conv's log.
+func appendN(t *testing.T, store *sessionstore.Store, conv string, n int) *sessionstore.EventLog {
+	t.Helper()
+	if err := store.SaveMeta(&sessionstore.Meta{ConversationID: conv}); err != nil {
+		t.Fatal(err)
+	}
+	el, _, err := store.OpenEventLog(conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		ev, _ := contract.NewEvent(conv, contract.EventAssistantText, contract.AssistantText{Text: fmt.Sprint("line ", i)})
+		if _, err := el.Append(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return el
+}
+
+// TestFeedBatchesConversations guards against the per-event cost the feed
+// had: every event's report was its own fsynced outbox file and its own
+// request and transaction (a third of the worker's CPU and half the control
+// plane's with 200 active agents). Reports of many conversations now share
+// a request, each conversation's in order, and nothing is sent twice.
+func TestFeedBatchesConversations(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	const convs, per = 60, 30
+	for c := range convs {
+		appendN(t, store, fmt.Sprintf("c%02d", c), per)
+	}
+	rec := &recorder{}
+	_, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, convs*per)
+	stop()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	// 1,800 reports: two requests' worth at contract.MaxReportBatchReports.
+	if rec.requests > 3 {
+		t.Errorf("%d reports of %d conversations took %d requests, want at most 3", convs*per, convs, rec.requests)
+	}
+	next := map[string]int{}
+	for _, k := range rec.keys {
+		if rec.seen[k] != 1 {
+			t.Errorf("%s sent %d times", k, rec.seen[k])
+		}
+		var conv string
+		var id int
+		if _, err := fmt.Sscanf(strings.ReplaceAll(k, ":", " "), "%s %d", &conv, &id); err != nil {
+			t.Fatalf("key %q: %v", k, err)
+		}
+		if id != next[conv]+1 {
+			t.Fatalf("%s: event %d reported after %d", conv, id, next[conv])
+		}
+		next[conv] = id
+	}
+}
+
+// TestFeedRetriesFailedRequestsAndGroups: a request that fails whole (the
+// control plane unreachable) and a group that fails (a token refused) are
+// sent again with no new event; a conversation the mint refuses for good and
+// a report the control plane refuses are dropped with a log line, and the
+// conversation's next reports follow.
+func TestFeedRetriesFailedRequestsAndGroups(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	appendN(t, store, "ok", 3)
+	appendN(t, store, "flaky", 3)
+	appendN(t, store, "refused", 3)
+	appendN(t, store, "onebad", 3)
+	flakyTries := 0
+	rec := &recorder{
+		fail: func(n int, _ []Group) error {
+			if n <= 2 {
+				return errors.New("connection refused")
+			}
+			return nil
+		},
+		group: func(g Group) (GroupResult, bool) {
+			switch g.Conversation {
+			case "flaky":
+				flakyTries++
+				if flakyTries == 1 {
+					return GroupResult{Err: errors.New("control plane: 401 unauthorized")}, true
+				}
+			case "refused":
+				return GroupResult{Err: errors.New("mint: 403 conversation not in this tenant-env"), Permanent: true}, true
+			case "onebad":
+				if g.Reports[0].Key == "onebad:1:activity" {
+					return GroupResult{Refused: []string{"onebad:1:activity: 409"}}, true
+				}
+			}
+			return GroupResult{}, false
+		},
+	}
+	f, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 6) // ok's 3 and flaky's 3, after two failed requests and one failed group
+	// onebad's first batch was answered (one refused, the others taken as
+	// the recorder says nothing of them): its cursor moved past all three.
+	ev, _, _ := store.OpenEventLog("onebad")
+	e, _ := contract.NewEvent("onebad", contract.EventAssistantText, contract.AssistantText{Text: "after"})
+	e, _ = ev.Append(e)
+	f.Notify(e)
+	rec.waitKeys(t, 7)
+	stop()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.seen["onebad:4:activity"] != 1 || rec.seen["refused:1:activity"] != 0 {
+		t.Errorf("seen: %v", rec.seen)
+	}
+	for k, n := range rec.seen {
+		if n != 1 {
+			t.Errorf("%s sent %d times", k, n)
+		}
+	}
+}
+
+// TestFeedForgetsDeletedConversations: a conversation deleted with events
+// not yet reported loses its cursor and is not retried.
+func TestFeedForgetsDeletedConversations(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	appendN(t, store, "gone", 2)
+	appendN(t, store, "kept", 2)
+	rec := &recorder{}
+	_, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 4)
+	stop() // saves both cursors
+	if _, err := os.Stat(filepath.Join(dir, "cursors", "gone.json")); err != nil {
+		t.Fatalf("cursor of gone: %v", err)
+	}
+	el, _, _ := store.OpenEventLog("gone")
+	el.Append(contract.Event{Type: contract.EventAssistantText})
+	el.Close()
+	if err := store.Delete("gone"); err != nil {
+		t.Fatal(err)
+	}
+	var errs atomicCount
+	f, stop := startFeed(t, dir, store, rec, slog.New(errorSignal{errs.add}))
+	f.Notify(contract.Event{ConversationID: "gone"})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir, "cursors", "gone.json")); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the deleted conversation's cursor is still there")
+		}
+	}
+	stop()
+	if n := errs.load(); n > 0 {
+		t.Errorf("%d error lines for a deleted conversation", n)
+	}
+}
+
+// TestUnreadableCursorSendsAgainFromTheStart: a cursor file cut short by a
+// crash (saved without waiting for the disk) makes the feed send the
+// conversation's reports again, which the control plane stores once;
+// nothing is skipped.
+func TestUnreadableCursorSendsAgainFromTheStart(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	appendN(t, store, "c1", 3)
+	rec := &recorder{}
+	_, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 3)
+	stop()
+	if err := os.WriteFile(filepath.Join(dir, "cursors", "c1.json"), []byte(`{"form`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, stop = startFeed(t, dir, store, rec, nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		n := rec.seen["c1:3:activity"]
+		rec.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("c1:3 sent %d times, want 2 (again after the cursor was lost)", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
 }
 
 // TestActivityNamesWhatAPermissionOrBuildIsAbout: the control plane's

@@ -1,0 +1,124 @@
+package reporting
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/controlplane/controlstore"
+	"github.com/talkide/talkide/internal/pgtest"
+)
+
+func TestReportBatchSQLite(t *testing.T) { testReportBatch(t, newTestServer(t)) }
+
+func TestReportBatchPostgres(t *testing.T) {
+	db, err := controlstore.OpenPostgres(t.Context(), pgtest.SchemaURL(t), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	testReportBatch(t, newTestServerOn(t, NewStore(db)))
+}
+
+func activityJSON(conv string, id int64, summary string) json.RawMessage {
+	b, _ := json.Marshal(contract.ActivityReport{IdempotencyKey: fmt.Sprintf("%s:%d:activity", conv, id), EventID: id,
+		Time: time.Now().UTC(), Type: contract.EventAssistantText, Summary: summary})
+	return b
+}
+
+func (s *testServer) batch(t *testing.T, b contract.ReportBatch) (int, contract.ReportBatchAck, string) {
+	t.Helper()
+	body, _ := json.Marshal(b)
+	st, raw := s.do(t, "", "POST", contract.PathReportBatch, string(body))
+	var ack contract.ReportBatchAck
+	if st == http.StatusOK {
+		if err := json.Unmarshal(raw, &ack); err != nil {
+			t.Fatalf("answer %s: %v", raw, err)
+		}
+	}
+	return st, ack, string(raw)
+}
+
+// testReportBatch: one request stores several conversations' reports, each
+// under its own group's token; a forged token, an invalid report or a
+// reused key refuses only itself; sending the batch again stores nothing
+// twice; and a report sent alone before is the same report in a batch.
+func testReportBatch(t *testing.T, s *testServer) {
+	c1, c2 := s.workerToken(t, "demo", "dev", "c1"), s.workerToken(t, "demo", "prod", "c2")
+	forged := c1[:len(c1)-4] + "AAAA"
+	// c1's first event went alone, before batches.
+	single := activityJSON("c1", 1, "one")
+	if st, b := s.do(t, c1, "POST", contract.PathReportActivity, string(single)); st != 200 {
+		t.Fatalf("single report: %d %s", st, b)
+	}
+	usage, _ := json.Marshal(contract.UsageReport{IdempotencyKey: "c2:2:usage", EventID: 2, Time: time.Now().UTC(),
+		Outcome: contract.OutcomeCompleted, Usage: contract.Usage{InputTokens: 10, OutputTokens: 3}})
+	tool, _ := json.Marshal(contract.ToolEventReport{IdempotencyKey: "c2:1:tool", EventID: 1, Time: time.Now().UTC(),
+		Phase: contract.ToolPhaseUse, ToolUseID: "t1", Name: "Bash", Input: json.RawMessage(`{"command":"ls"}`)})
+	b := contract.ReportBatch{Groups: []contract.ReportGroup{
+		{WorkerToken: c1, Reports: []contract.BatchedReport{
+			{Kind: contract.ReportKindActivity, Report: single},
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c1", 2, "two")},
+			{Kind: contract.ReportKindActivity, Report: json.RawMessage(`{"idempotency_key":"c1:3:activity","event_id":0}`)},
+			{Kind: "gossip", Report: activityJSON("c1", 4, "four")},
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c1", 2, "two, told otherwise")},
+		}},
+		{WorkerToken: forged, Reports: []contract.BatchedReport{{Kind: contract.ReportKindActivity, Report: activityJSON("c9", 1, "forged")}}},
+		{WorkerToken: c2, Reports: []contract.BatchedReport{
+			{Kind: contract.ReportKindToolEvent, Report: tool},
+			{Kind: contract.ReportKindUsage, Report: usage},
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c2", 2, "done")},
+		}},
+	}}
+	statuses := func(ack contract.ReportBatchAck) string {
+		var out string
+		for _, g := range ack.Groups {
+			out += fmt.Sprintf("[%d", g.Status)
+			for _, r := range g.Results {
+				out += fmt.Sprintf(" %d", r.Status)
+				if r.Duplicate {
+					out += "d"
+				}
+			}
+			out += "]"
+		}
+		return out
+	}
+	st, ack, raw := s.batch(t, b)
+	if got, want := statuses(ack), "[200 200d 200 400 400 409][401][200 200 200 200]"; st != 200 || got != want {
+		t.Fatalf("first batch: %d %s\n got %s\nwant %s", st, raw, got, want)
+	}
+	st, ack, raw = s.batch(t, b)
+	if got, want := statuses(ack), "[200 200d 200d 400 400 409][401][200 200d 200d 200d]"; st != 200 || got != want {
+		t.Fatalf("the batch again: %d %s\n got %s\nwant %s", st, raw, got, want)
+	}
+	a1, _ := s.store.Activity(t.Context(), "c1", 0, 0)
+	a2, _ := s.store.Activity(t.Context(), "c2", 0, 0)
+	a9, _ := s.store.Activity(t.Context(), "c9", 0, 0)
+	if len(a1.Activity) != 2 || a1.Activity[1].Summary != "two" || len(a2.Activity) != 1 || len(a2.ToolCalls) != 1 || len(a2.Turns) != 1 || len(a9.Activity) != 0 {
+		t.Errorf("stored: c1 %+v\nc2 %+v\nc9 %+v", a1, a2, a9)
+	}
+	if len(a2.Turns) == 1 && a2.Turns[0].Usage.InputTokens != 10 {
+		t.Errorf("c2's turn: %+v", a2.Turns[0])
+	}
+	// Malformed and oversized batches are refused whole, with the JSON error shape.
+	for name, body := range map[string]string{
+		"not JSON":  `{"groups":`,
+		"no groups": `{"groups":[]}`,
+		"unknown":   `{"groups":[],"tenant":"other"}`,
+	} {
+		if st, raw := s.do(t, "", "POST", contract.PathReportBatch, body); st != http.StatusBadRequest || !json.Valid([]byte(raw)) {
+			t.Errorf("%s: %d %s, want 400 with an error body", name, st, raw)
+		}
+	}
+	many := contract.ReportBatch{}
+	for range contract.MaxReportBatchGroups + 1 {
+		many.Groups = append(many.Groups, contract.ReportGroup{WorkerToken: c1})
+	}
+	if st, _, raw := s.batch(t, many); st != http.StatusBadRequest {
+		t.Errorf("%d groups: %d %s, want 400", len(many.Groups), st, raw)
+	}
+}
