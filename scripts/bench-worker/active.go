@@ -24,11 +24,24 @@ type latencies struct {
 	p50, p99  time.Duration
 	n         int
 	perSecond float64 // events read per second in the measured window
+	events    int     // events read in the measured window
 }
 
 type activeResult struct {
 	active           int
 	direct, platform latencies
+	// workerCPU and benchCPU are the CPU time the worker process and this
+	// one (the control plane, the development upstream and the browser
+	// streams' readers) used in the platform's measured window.
+	workerCPU, benchCPU time.Duration
+}
+
+// cpuPerEvent is d per event of l, in microseconds.
+func cpuPerEvent(d time.Duration, l latencies) float64 {
+	if l.events == 0 {
+		return 0
+	}
+	return float64(d.Microseconds()) / float64(l.events)
 }
 
 // benchActive runs o.active conversations' turns at once, directly and
@@ -60,7 +73,7 @@ func benchActive(o options, work, standin string) (activeResult, error) {
 		return r, err
 	}
 	defer p.close()
-	if r.platform, err = activePlatform(o, p, script, cc.PprofAddr); err != nil {
+	if r.platform, r.workerCPU, r.benchCPU, err = activePlatform(o, p, script, cc.PprofAddr); err != nil {
 		return r, fmt.Errorf("platform: %w", err)
 	}
 	fmt.Printf("%-10s %8s %10s %10s %12s\n", "kind", "events", "p50_ms", "p99_ms", "events_per_s")
@@ -71,6 +84,9 @@ func benchActive(o options, work, standin string) (activeResult, error) {
 		fmt.Printf("%-10s %8d %10.2f %10.2f %12.0f\n", k.name, k.l.n, ms(k.l.p50), ms(k.l.p99), k.l.perSecond)
 	}
 	fmt.Printf("# direct: the bench reads each stand-in's stdout pipe; platform: stand-in → worker (stored, fsynced) → control plane → browser SSE; latency from the stand-in's write to the bench's read\n")
+	fmt.Printf("# CPU in the platform's measured window (%d events): worker %s (%.0f µs per event), control plane with the upstream and the readers %s (%.0f µs per event)\n",
+		r.platform.events, r.workerCPU.Round(time.Millisecond), cpuPerEvent(r.workerCPU, r.platform),
+		r.benchCPU.Round(time.Millisecond), cpuPerEvent(r.benchCPU, r.platform))
 	return r, nil
 }
 
@@ -126,6 +142,7 @@ func rounds(o options, onMeasure func(), turn func(i int) ([]time.Duration, int,
 	}
 	l.p50, l.p99, l.n = pct(all, 50), pct(all, 99), len(all)
 	l.perSecond = float64(events) / time.Since(t0).Seconds()
+	l.events = events
 	return l, nil
 }
 
@@ -196,7 +213,7 @@ func activeDirect(o options, work, standin, script string) (latencies, error) {
 
 // activePlatform runs the same turns through the platform: messages sent
 // through the browser API, events read from the browser streams.
-func activePlatform(o options, p *platform, script, pprofAddr string) (latencies, error) {
+func activePlatform(o options, p *platform, script, pprofAddr string) (l latencies, workerCPU, benchCPU time.Duration, err error) {
 	type conv struct {
 		id   string
 		body io.Closer
@@ -213,25 +230,31 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (latencies
 	for i := range convs {
 		id, err := p.newConversation()
 		if err != nil {
-			return latencies{}, err
+			return l, 0, 0, err
 		}
 		req, _ := http.NewRequest("GET", p.cpURL+"/api/conversations/"+id+"/stream", nil)
 		req.Header.Set("Authorization", "Bearer "+p.userToken)
 		resp, err := p.hc.Do(req)
 		if err != nil {
-			return latencies{}, err
+			return l, 0, 0, err
 		}
 		if resp.StatusCode != 200 {
 			resp.Body.Close()
-			return latencies{}, fmt.Errorf("open stream: %d", resp.StatusCode)
+			return l, 0, 0, fmt.Errorf("open stream: %d", resp.StatusCode)
 		}
 		convs[i] = &conv{id: id, body: resp.Body, r: sse.NewReader(bufio.NewReader(resp.Body))}
 	}
 	var prof func() error
-	var onMeasure func()
+	var w0, b0 procStats
+	onMeasure := func() {
+		w0, _ = readProc(p.w.pid())
+		b0, _ = readProc(os.Getpid())
+	}
 	if pprofAddr != "" {
 		d := time.Duration(o.rounds)*time.Duration(o.lines)*o.gap - time.Second
+		cpu := onMeasure
 		onMeasure = func() {
+			cpu()
 			prof = profile("http://"+pprofAddr, filepath.Join(o.pprofDir, "worker-active.pprof"), max(d, 10*time.Second))
 			// This process too: the control plane, the development
 			// upstream and the browser clients.
@@ -242,7 +265,7 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (latencies
 			}
 		}
 	}
-	l, err := rounds(o, onMeasure, func(i int) ([]time.Duration, int, error) {
+	l, err = rounds(o, onMeasure, func(i int) ([]time.Duration, int, error) {
 		c := convs[i]
 		if _, err := p.api("POST", "/api/conversations/"+c.id+"/messages", map[string]string{"text": script}, nil); err != nil {
 			return nil, 0, err
@@ -276,12 +299,14 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (latencies
 			}
 		}
 	})
+	w1, _ := readProc(p.w.pid())
+	b1, _ := readProc(os.Getpid())
 	if prof != nil {
 		if perr := prof(); perr != nil {
 			fmt.Printf("# pprof: %v\n", perr)
 		}
 	}
-	return l, err
+	return l, w1.CPU - w0.CPU, b1.CPU - b0.CPU, err
 }
 
 // sentAt reads the stand-in's write time from its text (see

@@ -16,7 +16,7 @@
 //
 // It ends with one line:
 //
-//	bench-worker conversations=100000 idle_cpu_pct=… rss_mb=… open_files=… cold_load_ms=… active=200 event_p50_ms=… event_p99_ms=… turn_overhead_ratio=…
+//	bench-worker conversations=100000 idle_cpu_pct=… rss_mb=… open_files=… cold_load_ms=… active=200 event_p50_ms=… event_p99_ms=… worker_cpu_us_per_event=… turn_overhead_ratio=…
 //
 // It runs as root like the worker (agents of their own uids, jails).
 package main
@@ -127,9 +127,9 @@ func run(o options) error {
 		}
 	}
 	fmt.Printf("# took %s\n", time.Since(start).Round(time.Second))
-	fmt.Printf("bench-worker conversations=%d idle_cpu_pct=%.2f rss_mb=%.1f open_files=%d cold_load_ms=%.2f active=%d event_p50_ms=%.2f event_p99_ms=%.2f turn_overhead_ratio=%.2f\n",
+	fmt.Printf("bench-worker conversations=%d idle_cpu_pct=%.2f rss_mb=%.1f open_files=%d cold_load_ms=%.2f active=%d event_p50_ms=%.2f event_p99_ms=%.2f worker_cpu_us_per_event=%.0f turn_overhead_ratio=%.2f\n",
 		ir.conversations, ir.after.cpuPct, mb(ir.after.stats.RSS), ir.after.stats.Files, ms(ir.coldP50),
-		ar.active, ms(ar.platform.p50), ms(ar.platform.p99), tr.ratio)
+		ar.active, ms(ar.platform.p50), ms(ar.platform.p99), cpuPerEvent(ar.workerCPU, ar.platform), tr.ratio)
 	return nil
 }
 
