@@ -12,7 +12,11 @@ import (
 	"github.com/talkide/talkide/internal/pgtest"
 )
 
-func TestReportBatchSQLite(t *testing.T) { testReportBatch(t, newTestServer(t)) }
+func TestReportBatchSQLite(t *testing.T) {
+	s := newTestServer(t)
+	testReportBatch(t, s)
+	testOneBadReportHoldsBackOnlyItself(t, s)
+}
 
 func TestReportBatchPostgres(t *testing.T) {
 	db, err := controlstore.OpenPostgres(t.Context(), pgtest.SchemaURL(t), 4)
@@ -20,7 +24,53 @@ func TestReportBatchPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	testReportBatch(t, newTestServerOn(t, NewStore(db)))
+	s := newTestServerOn(t, NewStore(db))
+	testReportBatch(t, s)
+	testOneBadReportHoldsBackOnlyItself(t, s)
+}
+
+// testOneBadReportHoldsBackOnlyItself: a report the database refuses (here
+// a trigger refuses one summary) fails the batch's transaction; the others
+// are then stored one by one and only it is answered 500, to be sent again.
+func testOneBadReportHoldsBackOnlyItself(t *testing.T, s *testServer) {
+	db := s.store.db
+	poison := []string{`CREATE TRIGGER poison BEFORE INSERT ON activity_log WHEN NEW.summary = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned'); END`}
+	if db.Dialect == controlstore.Postgres {
+		poison = []string{`CREATE FUNCTION poison() RETURNS trigger AS $$ BEGIN IF NEW.summary = 'poison' THEN RAISE EXCEPTION 'poisoned'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql`,
+			`CREATE TRIGGER poison BEFORE INSERT ON activity_log FOR EACH ROW EXECUTE FUNCTION poison()`}
+	}
+	for _, q := range poison {
+		if _, err := db.SQL.ExecContext(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c5, c6 := s.workerToken(t, "demo", "dev", "c5"), s.workerToken(t, "demo", "dev", "c6")
+	b := contract.ReportBatch{Groups: []contract.ReportGroup{
+		{WorkerToken: c5, Reports: []contract.BatchedReport{
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c5", 1, "fine")},
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c5", 2, "poison")},
+			{Kind: contract.ReportKindActivity, Report: activityJSON("c5", 3, "fine again")},
+		}},
+		{WorkerToken: c6, Reports: []contract.BatchedReport{{Kind: contract.ReportKindActivity, Report: activityJSON("c6", 1, "fine")}}},
+	}}
+	for try := range 2 {
+		st, ack, raw := s.batch(t, b)
+		if st != 200 || len(ack.Groups) != 2 || len(ack.Groups[0].Results) != 3 {
+			t.Fatalf("try %d: %d %s", try, st, raw)
+		}
+		r := ack.Groups[0].Results
+		if r[0].Status != 200 || r[1].Status != http.StatusInternalServerError || r[1].Error == nil || r[2].Status != 200 || ack.Groups[1].Results[0].Status != 200 {
+			t.Fatalf("try %d: %s", try, raw)
+		}
+		if try == 1 && (!r[0].Duplicate || !r[2].Duplicate) {
+			t.Errorf("the stored reports sent again were not duplicates: %s", raw)
+		}
+	}
+	a5, _ := s.store.Activity(t.Context(), "c5", 0, 0)
+	a6, _ := s.store.Activity(t.Context(), "c6", 0, 0)
+	if len(a5.Activity) != 2 || len(a6.Activity) != 1 {
+		t.Errorf("stored: c5 %+v, c6 %+v", a5.Activity, a6.Activity)
+	}
 }
 
 func activityJSON(conv string, id int64, summary string) json.RawMessage {

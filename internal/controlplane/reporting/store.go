@@ -61,7 +61,7 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
 	defer tx.Rollback()
-	raw, dup, err := s.onceIn(ctx, tx, sc, key, kind, hash, apply)
+	raw, dup, err := s.onceIn(ctx, tx, sc, key, kind, hash, func(execer) (any, error) { return apply(tx) })
 	if err != nil || dup {
 		return raw, dup, err
 	}
@@ -71,10 +71,57 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 	return raw, false, nil
 }
 
+// execer runs a transaction's statements: the *sql.Tx, or a stmtCache
+// over it.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// stmtCache runs the statements of one transaction each prepared once: a
+// batch repeats the same few statements for every report, and parsing
+// them again for each was a tenth of a batch's cost on SQLite. The
+// statements end with the transaction.
+type stmtCache struct {
+	tx *sql.Tx
+	m  map[string]*sql.Stmt
+}
+
+func (c *stmtCache) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st := c.m[query]; st != nil {
+		return st, nil
+	}
+	st, err := c.tx.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]*sql.Stmt{}
+	}
+	c.m[query] = st
+	return st, nil
+}
+
+func (c *stmtCache) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return c.tx.QueryRowContext(ctx, query, args...) // the same error, as a Row
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
 // onceIn is once inside the caller's transaction tx, which it neither
 // commits nor rolls back. ErrKeyReused leaves tx usable; any other error
 // may not (PostgreSQL aborts a transaction at a failed statement).
-func (s *Store) onceIn(ctx context.Context, tx *sql.Tx, sc Scope, key, kind, hash string, apply func(tx *sql.Tx) (any, error)) (json.RawMessage, bool, error) {
+func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash string, apply func(ex execer) (any, error)) (json.RawMessage, bool, error) {
 	q := s.db.Q
 	// Concurrent deliveries of one key: on PostgreSQL the second INSERT
 	// waits for the first transaction and then inserts nothing; SQLite
@@ -129,15 +176,15 @@ func boolInt(b bool) int {
 
 // RecordToolEvent stores a tool event report (r must have passed Validate).
 func (s *Store) RecordToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindToolEvent, hash, s.applyToolEvent(ctx, sc, r))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindToolEvent, hash, asTx(s.applyToolEvent(ctx, sc, r)))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
 	return decodeAck(raw, dup)
 }
 
-func (s *Store) applyToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport) func(tx *sql.Tx) (any, error) {
-	return func(tx *sql.Tx) (any, error) {
+func (s *Store) applyToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport) func(tx execer) (any, error) {
+	return func(tx execer) (any, error) {
 		q := s.db.Q
 		at := controlstore.Millis(r.Time)
 		var err error
@@ -164,7 +211,7 @@ func (s *Store) applyToolEvent(ctx context.Context, sc Scope, r contract.ToolEve
 
 // RecordUsage stores a usage report (r must have passed Validate).
 func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindUsage, hash, s.applyUsage(ctx, sc, r))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindUsage, hash, asTx(s.applyUsage(ctx, sc, r)))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
@@ -173,8 +220,8 @@ func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageRepor
 
 // applyUsage stores nothing when the turn's usage row exists (a receipt
 // lost, the report's event already booked): a turn is counted once.
-func (s *Store) applyUsage(ctx context.Context, sc Scope, r contract.UsageReport) func(tx *sql.Tx) (any, error) {
-	return func(tx *sql.Tx) (any, error) {
+func (s *Store) applyUsage(ctx context.Context, sc Scope, r contract.UsageReport) func(tx execer) (any, error) {
+	return func(tx execer) (any, error) {
 		u := r.Usage
 		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO turn_usage (conversation_id, event_id, tenant, env, user_id, client_message_id, outcome,
 				input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, cost_nano, num_turns, duration_ms, at)
@@ -190,7 +237,7 @@ func (s *Store) applyUsage(ctx context.Context, sc Scope, r contract.UsageReport
 
 // RecordActivity stores an activity report (r must have passed Validate).
 func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.ActivityReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindActivity, hash, s.applyActivity(ctx, sc, r))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindActivity, hash, asTx(s.applyActivity(ctx, sc, r)))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
@@ -199,8 +246,8 @@ func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.Activit
 
 // applyActivity stores nothing when the event's entry exists (a receipt
 // lost): an event has one entry.
-func (s *Store) applyActivity(ctx context.Context, sc Scope, r contract.ActivityReport) func(tx *sql.Tx) (any, error) {
-	return func(tx *sql.Tx) (any, error) {
+func (s *Store) applyActivity(ctx context.Context, sc Scope, r contract.ActivityReport) func(tx execer) (any, error) {
+	return func(tx execer) (any, error) {
 		_, err := tx.ExecContext(ctx, s.db.Q(`INSERT INTO activity_log (conversation_id, event_id, tenant, env, type, summary, at, received_at, ref)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation_id, event_id) DO NOTHING`),
 			sc.Conversation, r.EventID, sc.Tenant, sc.Env, string(r.Type), r.Summary, controlstore.Millis(r.Time), controlstore.Millis(s.now()), r.Ref)
@@ -246,7 +293,7 @@ func (s *Store) RecordBatch(ctx context.Context, items []BatchItem) ([]BatchResu
 	res = make([]BatchResult, len(items))
 	for i, it := range items {
 		key, kind, apply := s.batchApply(ctx, it)
-		_, dup, err := s.once(ctx, it.Scope, key, kind, it.Hash, apply)
+		_, dup, err := s.once(ctx, it.Scope, key, kind, it.Hash, asTx(apply))
 		res[i] = BatchResult{Duplicate: dup, Err: err}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -261,10 +308,11 @@ func (s *Store) recordTogether(ctx context.Context, items []BatchItem) ([]BatchR
 		return nil, fmt.Errorf("store report batch: %w", err)
 	}
 	defer tx.Rollback()
+	stmts := &stmtCache{tx: tx}
 	res := make([]BatchResult, len(items))
 	for i, it := range items {
 		key, kind, apply := s.batchApply(ctx, it)
-		_, dup, err := s.onceIn(ctx, tx, it.Scope, key, kind, it.Hash, apply)
+		_, dup, err := s.onceIn(ctx, stmts, it.Scope, key, kind, it.Hash, apply)
 		switch {
 		case errors.Is(err, ErrKeyReused):
 			res[i].Err = err
@@ -280,7 +328,12 @@ func (s *Store) recordTogether(ctx context.Context, items []BatchItem) ([]BatchR
 	return res, nil
 }
 
-func (s *Store) batchApply(ctx context.Context, it BatchItem) (key, kind string, apply func(tx *sql.Tx) (any, error)) {
+// asTx adapts a report's apply to once.
+func asTx(apply func(ex execer) (any, error)) func(tx *sql.Tx) (any, error) {
+	return func(tx *sql.Tx) (any, error) { return apply(tx) }
+}
+
+func (s *Store) batchApply(ctx context.Context, it BatchItem) (key, kind string, apply func(ex execer) (any, error)) {
 	switch {
 	case it.ToolEvent != nil:
 		return it.ToolEvent.IdempotencyKey, contract.ReportKindToolEvent, s.applyToolEvent(ctx, it.Scope, *it.ToolEvent)
