@@ -62,6 +62,13 @@ const (
 	IssueClosed = "closed"
 )
 
+// ValidText reports whether s can be stored as text: valid UTF-8 without
+// NUL, which PostgreSQL's text columns cannot hold (a report carrying one
+// would fail to store on every try instead of being refused once).
+func ValidText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
 // ErrInvalidReport is wrapped by the Validate methods.
 var ErrInvalidReport = errors.New("invalid report")
 
@@ -101,20 +108,20 @@ func (r *ToolEventReport) Validate() error {
 	if err := validCommon(r.IdempotencyKey, r.EventID, r.Time); err != nil {
 		return err
 	}
-	if r.ToolUseID == "" || len(r.ToolUseID) > 200 {
-		return fmt.Errorf("%w: tool_use_id must be 1-200 bytes", ErrInvalidReport)
+	if r.ToolUseID == "" || len(r.ToolUseID) > 200 || !ValidText(r.ToolUseID) {
+		return fmt.Errorf("%w: tool_use_id must be 1-200 bytes of text", ErrInvalidReport)
 	}
 	switch r.Phase {
 	case ToolPhaseUse:
-		if r.Name == "" || len(r.Name) > 200 {
-			return fmt.Errorf("%w: name must be 1-200 bytes for phase use", ErrInvalidReport)
+		if r.Name == "" || len(r.Name) > 200 || !ValidText(r.Name) {
+			return fmt.Errorf("%w: name must be 1-200 bytes of text for phase use", ErrInvalidReport)
 		}
 		if len(r.Input) > MaxToolInput || (len(r.Input) > 0 && !json.Valid(r.Input)) {
 			return fmt.Errorf("%w: input must be JSON of at most %d bytes", ErrInvalidReport, MaxToolInput)
 		}
 	case ToolPhaseResult:
-		if len(r.Output) > MaxToolOutput {
-			return fmt.Errorf("%w: output over %d bytes", ErrInvalidReport, MaxToolOutput)
+		if len(r.Output) > MaxToolOutput || !ValidText(r.Output) {
+			return fmt.Errorf("%w: output must be text of at most %d bytes", ErrInvalidReport, MaxToolOutput)
 		}
 	default:
 		return fmt.Errorf("%w: phase must be %q or %q", ErrInvalidReport, ToolPhaseUse, ToolPhaseResult)
@@ -146,8 +153,8 @@ func (r *UsageReport) Validate() error {
 	if r.Outcome != OutcomeCompleted && r.Outcome != OutcomeFailed {
 		return fmt.Errorf("%w: outcome must be %q or %q", ErrInvalidReport, OutcomeCompleted, OutcomeFailed)
 	}
-	if len(r.ClientMessageID) > 64 {
-		return fmt.Errorf("%w: client_message_id over 64 bytes", ErrInvalidReport)
+	if len(r.ClientMessageID) > 64 || !ValidText(r.ClientMessageID) {
+		return fmt.Errorf("%w: client_message_id must be text of at most 64 bytes", ErrInvalidReport)
 	}
 	u := r.Usage
 	if u.InputTokens < 0 || u.OutputTokens < 0 || u.CacheCreationInputTokens < 0 || u.CacheReadInputTokens < 0 ||
@@ -181,11 +188,11 @@ func (r *ActivityReport) Validate() error {
 	if r.Type == "" || len(r.Type) > 64 {
 		return fmt.Errorf("%w: type must be 1-64 bytes", ErrInvalidReport)
 	}
-	if len(r.Summary) > MaxSummary || !utf8.ValidString(r.Summary) {
-		return fmt.Errorf("%w: summary must be UTF-8 of at most %d bytes", ErrInvalidReport, MaxSummary)
+	if len(r.Summary) > MaxSummary || !ValidText(r.Summary) {
+		return fmt.Errorf("%w: summary must be text of at most %d bytes", ErrInvalidReport, MaxSummary)
 	}
-	if len(r.Ref) > 200 || !utf8.ValidString(r.Ref) {
-		return fmt.Errorf("%w: ref must be UTF-8 of at most 200 bytes", ErrInvalidReport)
+	if len(r.Ref) > 200 || !ValidText(r.Ref) {
+		return fmt.Errorf("%w: ref must be text of at most 200 bytes", ErrInvalidReport)
 	}
 	return nil
 }
@@ -228,9 +235,11 @@ func ReportKindPath(kind string) string {
 
 // ReportBatch carries the tool event, usage and activity reports of several
 // conversations in one request (POST PathReportBatch), which the control
-// plane stores in one transaction. Each group is one conversation's reports
-// under that conversation's WorkerToken: the token, not the body, says
-// whose reports they are, exactly as X-Worker-Token does for one report. At
+// plane stores in one transaction. The request carries a WorkerToken of one
+// of its conversations in X-Worker-Token, checked before the body is read.
+// Each group is one conversation's reports under that conversation's
+// WorkerToken, of the same tenant-env: the token, not the body, says whose
+// reports they are, exactly as X-Worker-Token does for one report. At
 // most MaxReportBatchGroups groups and MaxReportBatchReports reports in
 // all, in MaxReportBatchBody bytes.
 type ReportBatch struct {
@@ -259,8 +268,9 @@ type ReportBatchAck struct {
 
 // ReportGroupAck is the answer for one group. Status 200: the token was
 // accepted and Results answers each report in order. 401 (an invalid or
-// expired token) or 403 (a token not scoped to a conversation): nothing of
-// the group was stored, and Error says why.
+// expired token) or 403 (a token not scoped to a conversation, or of
+// another tenant-env than the request's): nothing of the group was stored,
+// and Error says why.
 type ReportGroupAck struct {
 	Status  int            `json:"status"`
 	Error   *ErrorDetail   `json:"error,omitempty"`
@@ -269,8 +279,9 @@ type ReportGroupAck struct {
 
 // ReportResult answers one report of a batch. Status 200: stored, or
 // stored before under its idempotency key (Duplicate set). 400: invalid;
-// 409: the key was used before for another report. Neither is stored, and
-// retrying the same report cannot change that.
+// 409: the key was used before for another report (neither is stored, and
+// retrying the same report cannot change that). 500: it could not be
+// stored now; send it again.
 type ReportResult struct {
 	Status    int          `json:"status"`
 	Duplicate bool         `json:"duplicate,omitempty"`
@@ -362,15 +373,15 @@ func (c *IssueComment) Validate() error {
 // ValidIssueTitle checks a (trimmed) title: 1–MaxIssueTitle characters of
 // UTF-8 on one line.
 func ValidIssueTitle(t string) error {
-	if t == "" || !utf8.ValidString(t) || utf8.RuneCountInString(t) > MaxIssueTitle || strings.ContainsAny(t, "\r\n") {
+	if t == "" || !ValidText(t) || utf8.RuneCountInString(t) > MaxIssueTitle || strings.ContainsAny(t, "\r\n") {
 		return fmt.Errorf("%w: title must be one line of 1-%d characters", ErrInvalidReport, MaxIssueTitle)
 	}
 	return nil
 }
 
 func validIssueText(field, s string) error {
-	if len(s) > MaxIssueBody || !utf8.ValidString(s) {
-		return fmt.Errorf("%w: %s must be UTF-8 of at most %d bytes", ErrInvalidReport, field, MaxIssueBody)
+	if len(s) > MaxIssueBody || !ValidText(s) {
+		return fmt.Errorf("%w: %s must be text (UTF-8, no NUL) of at most %d bytes", ErrInvalidReport, field, MaxIssueBody)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package reporting
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -54,7 +55,7 @@ func testOneBadReportHoldsBackOnlyItself(t *testing.T, s *testServer) {
 		{WorkerToken: c6, Reports: []contract.BatchedReport{{Kind: contract.ReportKindActivity, Report: activityJSON("c6", 1, "fine")}}},
 	}}
 	for try := range 2 {
-		st, ack, raw := s.batch(t, b)
+		st, ack, raw := s.batch(t, c5, b)
 		if st != 200 || len(ack.Groups) != 2 || len(ack.Groups[0].Results) != 3 {
 			t.Fatalf("try %d: %d %s", try, st, raw)
 		}
@@ -79,10 +80,11 @@ func activityJSON(conv string, id int64, summary string) json.RawMessage {
 	return b
 }
 
-func (s *testServer) batch(t *testing.T, b contract.ReportBatch) (int, contract.ReportBatchAck, string) {
+// batch sends b with X-Worker-Token tok.
+func (s *testServer) batch(t *testing.T, tok string, b contract.ReportBatch) (int, contract.ReportBatchAck, string) {
 	t.Helper()
 	body, _ := json.Marshal(b)
-	st, raw := s.do(t, "", "POST", contract.PathReportBatch, string(body))
+	st, raw := s.do(t, tok, "POST", contract.PathReportBatch, string(body))
 	var ack contract.ReportBatchAck
 	if st == http.StatusOK {
 		if err := json.Unmarshal(raw, &ack); err != nil {
@@ -93,11 +95,13 @@ func (s *testServer) batch(t *testing.T, b contract.ReportBatch) (int, contract.
 }
 
 // testReportBatch: one request stores several conversations' reports, each
-// under its own group's token; a forged token, an invalid report or a
-// reused key refuses only itself; sending the batch again stores nothing
-// twice; and a report sent alone before is the same report in a batch.
+// under its own group's token; a forged token, a token of another
+// tenant-env than the request's, an invalid report or a reused key refuses
+// only itself; sending the batch again stores nothing twice; and a report
+// sent alone before is the same report in a batch.
 func testReportBatch(t *testing.T, s *testServer) {
-	c1, c2 := s.workerToken(t, "demo", "dev", "c1"), s.workerToken(t, "demo", "prod", "c2")
+	c1, c2 := s.workerToken(t, "demo", "dev", "c1"), s.workerToken(t, "demo", "dev", "c2")
+	prod := s.workerToken(t, "demo", "prod", "c8")
 	forged := c1[:len(c1)-4] + "AAAA"
 	// c1's first event went alone, before batches.
 	single := activityJSON("c1", 1, "one")
@@ -122,6 +126,7 @@ func testReportBatch(t *testing.T, s *testServer) {
 			{Kind: contract.ReportKindUsage, Report: usage},
 			{Kind: contract.ReportKindActivity, Report: activityJSON("c2", 2, "done")},
 		}},
+		{WorkerToken: prod, Reports: []contract.BatchedReport{{Kind: contract.ReportKindActivity, Report: activityJSON("c8", 1, "another tenant-env")}}},
 	}}
 	statuses := func(ack contract.ReportBatchAck) string {
 		var out string
@@ -137,19 +142,34 @@ func testReportBatch(t *testing.T, s *testServer) {
 		}
 		return out
 	}
-	st, ack, raw := s.batch(t, b)
-	if got, want := statuses(ack), "[200 200d 200 400 400 409][401][200 200 200 200]"; st != 200 || got != want {
+	// Without a WorkerToken of its own, or with a forged one, the request
+	// is refused before its body is read.
+	for _, tok := range []string{"", forged} {
+		if st, _, raw := s.batch(t, tok, b); st != http.StatusUnauthorized {
+			t.Errorf("request token %q: %d %s, want 401", tok, st, raw)
+		}
+	}
+	st, ack, raw := s.batch(t, c1, b)
+	if got, want := statuses(ack), "[200 200d 200 400 400 409][401][200 200 200 200][403]"; st != 200 || got != want {
 		t.Fatalf("first batch: %d %s\n got %s\nwant %s", st, raw, got, want)
 	}
-	st, ack, raw = s.batch(t, b)
-	if got, want := statuses(ack), "[200 200d 200d 400 400 409][401][200 200d 200d 200d]"; st != 200 || got != want {
+	st, ack, raw = s.batch(t, c2, b)
+	if got, want := statuses(ack), "[200 200d 200d 400 400 409][401][200 200d 200d 200d][403]"; st != 200 || got != want {
 		t.Fatalf("the batch again: %d %s\n got %s\nwant %s", st, raw, got, want)
+	}
+	// Text PostgreSQL cannot store (a NUL) is refused once, not failed on
+	// every try.
+	nul := contract.ReportBatch{Groups: []contract.ReportGroup{{WorkerToken: c1, Reports: []contract.BatchedReport{
+		{Kind: contract.ReportKindActivity, Report: activityJSON("c1", 7, "nul \x00 here")}}}}}
+	if st, ack, raw := s.batch(t, c1, nul); st != 200 || statuses(ack) != "[200 400]" {
+		t.Errorf("a NUL in a summary: %d %s, want the report refused with 400", st, raw)
 	}
 	a1, _ := s.store.Activity(t.Context(), "c1", 0, 0)
 	a2, _ := s.store.Activity(t.Context(), "c2", 0, 0)
 	a9, _ := s.store.Activity(t.Context(), "c9", 0, 0)
-	if len(a1.Activity) != 2 || a1.Activity[1].Summary != "two" || len(a2.Activity) != 1 || len(a2.ToolCalls) != 1 || len(a2.Turns) != 1 || len(a9.Activity) != 0 {
-		t.Errorf("stored: c1 %+v\nc2 %+v\nc9 %+v", a1, a2, a9)
+	a8, _ := s.store.Activity(t.Context(), "c8", 0, 0)
+	if len(a1.Activity) != 2 || a1.Activity[1].Summary != "two" || len(a2.Activity) != 1 || len(a2.ToolCalls) != 1 || len(a2.Turns) != 1 || len(a9.Activity) != 0 || len(a8.Activity) != 0 {
+		t.Errorf("stored: c1 %+v\nc2 %+v\nc9 %+v\nc8 %+v", a1, a2, a9, a8)
 	}
 	if len(a2.Turns) == 1 && a2.Turns[0].Usage.InputTokens != 10 {
 		t.Errorf("c2's turn: %+v", a2.Turns[0])
@@ -160,7 +180,7 @@ func testReportBatch(t *testing.T, s *testServer) {
 		"no groups": `{"groups":[]}`,
 		"unknown":   `{"groups":[],"tenant":"other"}`,
 	} {
-		if st, raw := s.do(t, "", "POST", contract.PathReportBatch, body); st != http.StatusBadRequest || !json.Valid([]byte(raw)) {
+		if st, raw := s.do(t, c1, "POST", contract.PathReportBatch, body); st != http.StatusBadRequest || !json.Valid([]byte(raw)) {
 			t.Errorf("%s: %d %s, want 400 with an error body", name, st, raw)
 		}
 	}
@@ -168,7 +188,49 @@ func testReportBatch(t *testing.T, s *testServer) {
 	for range contract.MaxReportBatchGroups + 1 {
 		many.Groups = append(many.Groups, contract.ReportGroup{WorkerToken: c1})
 	}
-	if st, _, raw := s.batch(t, many); st != http.StatusBadRequest {
+	if st, _, raw := s.batch(t, c1, many); st != http.StatusBadRequest {
 		t.Errorf("%d groups: %d %s, want 400", len(many.Groups), st, raw)
+	}
+}
+
+// TestRefusedBatchTakesNoWriteLock: a batch whose groups are all refused
+// stores nothing, so it must not wait for the database's write lock: it was
+// opening a write transaction with nothing to write, behind every other
+// writer of the control plane. Here another connection holds the lock for
+// the whole request.
+func TestRefusedBatchTakesNoWriteLock(t *testing.T) {
+	s := newTestServer(t)
+	conn, err := s.store.db.SQL.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(context.Background(), "ROLLBACK")
+	c1 := s.workerToken(t, "demo", "dev", "c1")
+	b := contract.ReportBatch{Groups: []contract.ReportGroup{{WorkerToken: c1[:len(c1)-4] + "AAAA",
+		Reports: []contract.BatchedReport{{Kind: contract.ReportKindActivity, Report: activityJSON("c1", 1, "x")}}}}}
+	type answer struct {
+		st  int
+		ack contract.ReportBatchAck
+		raw string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		st, ack, raw := s.batch(t, c1, b)
+		done <- answer{st, ack, raw}
+	}()
+	// SQLite would give up on the lock after its busy timeout (10 s) and
+	// answer all the same: the request must be answered well before, with
+	// the lock still held.
+	select {
+	case a := <-done:
+		if a.st != http.StatusOK || len(a.ack.Groups) != 1 || a.ack.Groups[0].Status != http.StatusUnauthorized {
+			t.Fatalf("%d %s, want 200 with the group refused 401", a.st, a.raw)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a batch with nothing to store waited for the database's write lock")
 	}
 }

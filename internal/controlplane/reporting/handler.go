@@ -125,12 +125,19 @@ func (h *Handler) Activity() http.Handler {
 	})
 }
 
-// Batch serves POST contract.PathReportBatch: each group's WorkerToken is
-// checked on its own (a refused token refuses its group only), each report
-// is decoded and validated on its own (an invalid one is answered 400 and
-// skipped), and the rest are stored in one transaction.
+// Batch serves POST contract.PathReportBatch. The request's own
+// X-Worker-Token is checked before its body is read (a caller without one
+// gets a 401 and costs nothing more); then each group's WorkerToken is
+// checked on its own and must be of the same tenant-env (a refused token
+// refuses its group only), each report is decoded and validated on its own
+// (an invalid one is answered 400 and skipped), and the rest are stored in
+// one transaction.
 func (h *Handler) Batch() http.Handler {
 	return h.handle(func(w http.ResponseWriter, r *http.Request) error {
+		caller, err := h.scope(r)
+		if err != nil {
+			return err
+		}
 		body, err := httpapi.ReadBody(w, r, contract.MaxReportBatchBody)
 		if err != nil {
 			return err
@@ -150,15 +157,27 @@ func (h *Handler) Batch() http.Handler {
 		type at struct{ group, report int }
 		var items []BatchItem
 		var where []at
+		refused := 0
 		for gi, g := range b.Groups {
-			sc, err := h.verify(r, g.WorkerToken)
-			if err != nil {
-				ack.Groups[gi] = groupRefused(err)
+			sc, err := h.verifier.Verify(g.WorkerToken)
+			switch {
+			case err != nil:
+				ack.Groups[gi] = groupRefused(httpapi.Unauthorized("invalid or expired worker token", err))
+				refused++
+				continue
+			case sc.Conversation == "" || sc.User == "":
+				ack.Groups[gi] = groupRefused(httpapi.Forbidden("worker token not scoped to a conversation", nil))
+				refused++
+				continue
+			case sc.Tenant != caller.Tenant || sc.Env != caller.Env:
+				ack.Groups[gi] = groupRefused(httpapi.Forbidden("worker token of another tenant-env than the request's", nil))
+				refused++
 				continue
 			}
+			scope := Scope{Tenant: sc.Tenant, Env: sc.Env, Conversation: sc.Conversation, User: sc.User}
 			ga := contract.ReportGroupAck{Status: http.StatusOK, Results: make([]contract.ReportResult, len(g.Reports))}
 			for ri, rep := range g.Reports {
-				it, err := batchItem(r, sc, rep)
+				it, err := batchItem(r, scope, rep)
 				if err != nil {
 					ga.Results[ri] = reportRefused(err)
 					continue
@@ -168,20 +187,26 @@ func (h *Handler) Batch() http.Handler {
 			}
 			ack.Groups[gi] = ga
 		}
-		res, err := h.store.RecordBatch(r.Context(), items)
-		if err != nil {
-			return err
+		if refused > 0 { // one line per request, not per group
+			h.log.WarnContext(r.Context(), "report batch: groups refused for their worker token", "refused", refused, "groups", len(b.Groups),
+				"tenant", caller.Tenant, "env", caller.Env)
 		}
-		for i, rr := range res {
-			out := &ack.Groups[where[i].group].Results[where[i].report]
-			switch {
-			case rr.Err != nil:
-				if !errors.Is(rr.Err, ErrKeyReused) {
-					h.log.ErrorContext(r.Context(), "store a batched report", "err", rr.Err)
+		if len(items) > 0 {
+			res, err := h.store.RecordBatch(r.Context(), items)
+			if err != nil {
+				return err
+			}
+			for i, rr := range res {
+				out := &ack.Groups[where[i].group].Results[where[i].report]
+				switch {
+				case rr.Err != nil:
+					if !errors.Is(rr.Err, ErrKeyReused) {
+						h.log.ErrorContext(r.Context(), "store a batched report", "err", rr.Err)
+					}
+					*out = reportRefused(storeError(rr.Err))
+				default:
+					*out = contract.ReportResult{Status: http.StatusOK, Duplicate: rr.Duplicate}
 				}
-				*out = reportRefused(storeError(rr.Err))
-			default:
-				*out = contract.ReportResult{Status: http.StatusOK, Duplicate: rr.Duplicate}
 			}
 		}
 		httpapi.WriteJSON(w, http.StatusOK, ack)

@@ -119,7 +119,7 @@ func (c *Client) do(ctx context.Context, conv, method, path string, body []byte)
 	return b, err
 }
 
-// call sends one request, with X-Worker-Token tok unless it is "".
+// call sends one request with X-Worker-Token tok.
 func (c *Client) call(ctx context.Context, tok, method, path string, body []byte) ([]byte, error) {
 	u := httpapi.JoinURL(c.base, path)
 	if i := bytes.IndexByte([]byte(path), '?'); i >= 0 { // JoinURL takes paths only
@@ -137,9 +137,7 @@ func (c *Client) call(ctx context.Context, tok, method, path string, body []byte
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if tok != "" {
-		req.Header.Set(contract.HeaderWorkerToken, tok)
-	}
+	req.Header.Set(contract.HeaderWorkerToken, tok)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, err
@@ -190,8 +188,14 @@ func (c *Client) SendReports(ctx context.Context, groups []reportfeed.Group) ([]
 	if err != nil {
 		return nil, fmt.Errorf("encode report batch: %w", err)
 	}
-	b, err := c.call(ctx, "", http.MethodPost, contract.PathReportBatch, body)
+	// The request is authenticated by its first group's token before the
+	// control plane reads the body; each group then by its own.
+	b, err := c.call(ctx, batch.Groups[0].WorkerToken, http.MethodPost, contract.PathReportBatch, body)
 	if err != nil {
+		var se *StatusError
+		if errors.As(err, &se) && se.Status == http.StatusUnauthorized {
+			c.forget(groups[sent[0]].Conversation)
+		}
 		return nil, err
 	}
 	var ack contract.ReportBatchAck
