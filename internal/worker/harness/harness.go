@@ -114,8 +114,9 @@ type Config struct {
 	// DiskLimit caps the bytes a conversation's directories take, and
 	// DiskFileLimit the names of their files and directories (0: no limit);
 	// DiskCheckEvery is how often they are walked while its CLI runs
-	// (default 30 s; also at each turn's start, and at once when the
-	// filesystem grows by more than the conversation has left).
+	// (default 30 s; also at a turn's start when the last walk is 10 s old
+	// or may no longer hold, and at once when the filesystem grows by more
+	// than the conversation has left; see jail.go).
 	DiskLimit      int64
 	DiskFileLimit  int64
 	DiskCheckEvery time.Duration

@@ -299,16 +299,21 @@ func (h *Harness) memoryGuard(ctx context.Context) {
 // directories are walked (sandbox.MeasureDisk, bounded by the file limit)
 // at its first turn's start, every Config.DiskCheckEvery, and at once when
 // the filesystem grew by more bytes or inodes than the conversation had
-// left. A later turn's start walks too unless the last walk found the
-// conversation under its limits and the filesystem has not grown by what
-// it had left since: then it cannot be over them, and the agent is not
-// frozen for a walk at every turn. A turn that starts over a limit may only
+// left. A later turn's start walks too, unless the last walk is less than
+// turnStartWalkEvery old, found the conversation under its limits, and the
+// filesystem has not grown by what it had left since: the agent is then not
+// frozen for a walk at every turn of a quick exchange. What net counts can
+// hide (space freed elsewhere on the same filesystem while the conversation
+// grew, hard links, a filesystem without inode counts) is found by the next
+// walk, at most turnStartWalkEvery later at a turn's start and
+// DiskCheckEvery during a turn. A turn that starts over a limit may only
 // free space: it is stopped once its files grow by diskShrinkSlack (its
 // answer's transcript needs a little), and checked every limitPoll.
 const (
-	diskPoll        = 250 * time.Millisecond
-	diskShrinkSlack = 8 << 20
-	diskShrinkFiles = 100
+	diskPoll           = 250 * time.Millisecond
+	diskShrinkSlack    = 8 << 20
+	diskShrinkFiles    = 100
+	turnStartWalkEvery = 10 * time.Second
 )
 
 // diskWatch is the disk state of one process's watcher goroutine.
@@ -325,8 +330,13 @@ type diskWatch struct {
 	floor, floorFiles int64
 }
 
-// fsUse is what the filesystems of a conversation's directories use.
-type fsUse struct{ bytes, inodes int64 }
+// fsUse is what the filesystems of a conversation's directories use;
+// noInodes is set when one of them keeps no inode count (btrfs, a tmpfs
+// without an inode limit).
+type fsUse struct {
+	bytes, inodes int64
+	noInodes      bool
+}
 
 // fsUsed returns the bytes and inodes in use on the filesystems of dirs
 // together, each filesystem once (the workspace may be on the session
@@ -342,6 +352,7 @@ func fsUsed(dirs ...string) fsUse {
 		seen[st.Fsid] = true
 		total.bytes += int64(st.Blocks-st.Bfree) * st.Bsize
 		total.inodes += int64(st.Files - st.Ffree)
+		total.noInodes = total.noInodes || st.Files == 0
 	}
 	return total
 }
@@ -368,10 +379,12 @@ func (w *diskWatch) due() bool {
 }
 
 // staleAtTurnStart reports whether a turn's start needs a walk: there was
-// none yet, the last found the conversation over a limit (or could not
-// measure it), or the filesystems grew by what it had left since.
+// none yet or it is turnStartWalkEvery old, the last found the
+// conversation over a limit (or could not measure it), inode growth cannot
+// be seen, or the filesystems grew by what it had left since.
 func (w *diskWatch) staleAtTurnStart() bool {
-	return w.last.IsZero() || w.fs.bytes == 0 || w.floor > 0 || w.left <= 0 || w.filesLeft <= 0 || w.grown()
+	return w.last.IsZero() || time.Since(w.last) >= turnStartWalkEvery || w.fs.bytes == 0 || w.fs.noInodes ||
+		w.floor > 0 || w.left <= 0 || w.filesLeft <= 0 || w.grown()
 }
 
 // check measures the conversation's directories, and over a limit stops

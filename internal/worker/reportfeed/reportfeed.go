@@ -100,7 +100,7 @@ type Config struct {
 // Metrics are the feed's Prometheus measurements. A nil *Metrics records
 // nothing.
 type Metrics struct {
-	sent, refused, failed prometheus.Counter
+	sent, refused, failed, skipped prometheus.Counter
 }
 
 // NewMetrics creates the feed's metrics and registers them with reg.
@@ -112,8 +112,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Event reports the control plane refused for good (invalid, a reused key, a conversation the mint refuses); logged, not sent again."}),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_report_batches_failed_total",
 			Help: "Report batches that failed as a whole (control plane unreachable, 429 or 5xx) and are sent again after a backoff."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_report_events_skipped_total",
+			Help: "Events never reported because the event log dropped them (its retention bound) while the control plane was further behind."}),
 	}
-	reg.MustRegister(m.sent, m.refused, m.failed)
+	reg.MustRegister(m.sent, m.refused, m.failed, m.skipped)
 	return m
 }
 
@@ -143,8 +145,9 @@ type Feed struct {
 	// wake is signalled by Notify; buffered, never closed.
 	wake chan struct{}
 
-	// cursors and lastSave are Run's alone.
+	// cursors, backoff and lastSave are Run's alone.
 	cursors  map[string]*cursor
+	backoff  map[string]*retry
 	lastSave time.Time
 }
 
@@ -159,7 +162,8 @@ func New(cfg Config) (*Feed, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("report feed: %w", err)
 	}
-	return &Feed{cfg: cfg, log: cfg.Logger, dirty: map[string]bool{}, wake: make(chan struct{}, 1), cursors: map[string]*cursor{}}, nil
+	return &Feed{cfg: cfg, log: cfg.Logger, dirty: map[string]bool{}, wake: make(chan struct{}, 1),
+		cursors: map[string]*cursor{}, backoff: map[string]*retry{}}, nil
 }
 
 // Notify tells the feed that ev was stored. It never blocks; wire it to
@@ -197,15 +201,18 @@ const (
 	batchBytes   = contract.MaxReportBatchBody / 2 // the rest: tokens and framing
 )
 
-// Run catches up every conversation, then follows new events until ctx ends
-// (saving every moved cursor before it returns). A conversation the feed
-// could not read, and a request that failed, are tried again after a
-// backoff, as is the listing of conversations at start: a transient
+// Run catches up every conversation, then follows new events until ctx ends;
+// then it sends what is left once more (for at most finalFlush) and saves
+// every moved cursor. A conversation the feed could not read or send is
+// tried again after a backoff of its own (100 ms doubling to 10 s; its new
+// events wait for it), so one that keeps failing delays no other; the
+// listing of conversations at start is retried the same way: a transient
 // failure delays reports, it never leaves them behind.
 func (f *Feed) Run(ctx context.Context) error {
 	defer f.saveCursors(true)
+	defer f.flush()
 	listed := false
-	delay := minRetry
+	listDelay := minRetry
 	var lastSend time.Time
 	for {
 		if !listed {
@@ -223,16 +230,7 @@ func (f *Feed) Run(ctx context.Context) error {
 			case <-time.After(wait):
 			}
 		}
-		f.mu.Lock()
-		convs := make([]string, 0, len(f.dirty))
-		for c := range f.dirty {
-			convs = append(convs, c)
-		}
-		clear(f.dirty)
-		f.mu.Unlock()
-		slices.Sort(convs)
-		failed, sent := f.round(ctx, convs)
-		if sent {
+		if f.round(ctx, f.takeDue(time.Now())) {
 			lastSend = time.Now()
 		}
 		f.saveCursors(false)
@@ -240,32 +238,99 @@ func (f *Feed) Run(ctx context.Context) error {
 			return nil
 		}
 		var retry <-chan time.Time
-		if len(failed) > 0 || !listed {
-			retry = time.After(delay)
-			delay = min(2*delay, maxRetry)
-		} else {
-			delay = minRetry
+		if !listed {
+			retry = time.After(listDelay)
+			listDelay = min(2*listDelay, maxRetry)
+		} else if at, ok := f.nextRetry(); ok {
+			retry = time.After(time.Until(at))
 		}
-		f.mu.Lock()
-		more := len(f.dirty) > 0
-		f.mu.Unlock()
-		if !more {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-f.wake:
-			case <-retry:
-			case <-time.After(cursorSaveEvery):
-			}
-		} else if retry != nil {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-retry:
-			}
+		if f.hasDue(time.Now()) {
+			continue
 		}
-		f.markDirty(failed...)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.wake:
+		case <-retry:
+		case <-time.After(cursorSaveEvery):
+		}
 	}
+}
+
+// finalFlush bounds the last sending when Run ends.
+const finalFlush = 5 * time.Second
+
+// flush sends, once, every conversation's reports not yet sent (those
+// backing off included), so a worker that stops has reported its last
+// events when its control plane is up.
+func (f *Feed) flush() {
+	ctx, cancel := context.WithTimeout(context.Background(), finalFlush)
+	defer cancel()
+	for c := range f.backoff {
+		f.markDirty(c)
+		delete(f.backoff, c)
+	}
+	f.round(ctx, f.takeDue(time.Now()))
+}
+
+// retry is a failing conversation's backoff.
+type retry struct {
+	delay time.Duration
+	at    time.Time
+}
+
+// takeDue returns, sorted, the dirty conversations not backing off, and
+// forgets them as dirty; those backing off stay dirty for later.
+func (f *Feed) takeDue(now time.Time) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	convs := make([]string, 0, len(f.dirty))
+	for c := range f.dirty {
+		if r := f.backoff[c]; r != nil && now.Before(r.at) {
+			continue
+		}
+		convs = append(convs, c)
+		delete(f.dirty, c)
+	}
+	slices.Sort(convs)
+	return convs
+}
+
+// hasDue reports whether a dirty conversation may be sent now.
+func (f *Feed) hasDue(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.dirty {
+		if r := f.backoff[c]; r == nil || !now.Before(r.at) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextRetry is when the first conversation backing off may be tried again.
+func (f *Feed) nextRetry() (time.Time, bool) {
+	var first time.Time
+	for _, r := range f.backoff {
+		if first.IsZero() || r.at.Before(first) {
+			first = r.at
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// failed puts conv in its backoff (doubling) and marks it dirty, to be
+// tried again when the backoff ends.
+func (f *Feed) failed(conv string) {
+	r := f.backoff[conv]
+	if r == nil {
+		r = &retry{delay: minRetry}
+		f.backoff[conv] = r
+	} else {
+		r.delay = min(2*r.delay, maxRetry)
+	}
+	r.at = time.Now().Add(r.delay)
+	f.markDirty(conv)
 }
 
 func (f *Feed) markDirty(convs ...string) {
@@ -277,10 +342,10 @@ func (f *Feed) markDirty(convs ...string) {
 }
 
 // round sends the reports of convs' new events, in as few requests as the
-// bounds allow. It returns the conversations to try again after a backoff
-// and whether a request was sent; conversations with more events than one
-// request took are marked dirty.
-func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent bool) {
+// bounds allow, and reports whether a request was sent. A conversation
+// that could not be read or sent goes into its backoff (failed); one with
+// more events than a request took is marked dirty.
+func (f *Feed) round(ctx context.Context, convs []string) (sent bool) {
 	for len(convs) > 0 && ctx.Err() == nil {
 		var groups []Group
 		var lasts []int64
@@ -292,7 +357,7 @@ func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent
 			after, err := f.cursor(c)
 			if err != nil {
 				f.log.Error("read report cursor; retrying", "conversation", c, "err", err)
-				failed = append(failed, c)
+				f.failed(c)
 				continue
 			}
 			el, err := f.cfg.Logs.Events(c)
@@ -306,14 +371,22 @@ func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent
 			}
 			if err != nil {
 				f.log.Error("read events to report; retrying", "conversation", c, "err", err)
-				failed = append(failed, c)
+				f.failed(c)
 				continue
 			}
 			if len(evs) == 0 {
+				delete(f.backoff, c)
 				if cur := f.cursors[c]; cur != nil && cur.taken == cur.saved {
 					delete(f.cursors, c) // nothing new, nothing to save: keep memory for active conversations
 				}
 				continue
+			}
+			if gap := evs[0].ID - after - 1; gap > 0 {
+				// The log kept its newest events only (its retention bound)
+				// while the control plane was behind by more.
+				f.log.Warn("reports of events the event log no longer holds were not sent", "conversation", c,
+					"first_event", after+1, "last_event", evs[0].ID-1)
+				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.skipped }, int(gap))
 			}
 			g, last, full := Group{Conversation: c}, after, false
 			for _, ev := range evs {
@@ -359,9 +432,11 @@ func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent
 				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.failed }, 1)
 			}
 			for _, g := range groups {
-				failed = append(failed, g.Conversation)
+				f.failed(g.Conversation)
 			}
-			return append(append(failed, more...), convs...), sent
+			f.markDirty(more...)
+			f.markDirty(convs...)
+			return sent
 		}
 		for k, g := range groups {
 			r := res[k]
@@ -373,18 +448,20 @@ func (f *Feed) round(ctx context.Context, convs []string) (failed []string, sent
 			case r.Err == nil:
 				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.sent }, len(g.Reports)-len(r.Refused))
 				f.advance(g.Conversation, lasts[k])
+				delete(f.backoff, g.Conversation)
 			case r.Permanent:
 				f.log.Error("reports of a conversation refused; dropped", "conversation", g.Conversation, "reports", len(g.Reports), "err", r.Err)
 				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.refused }, len(g.Reports))
 				f.advance(g.Conversation, lasts[k])
+				delete(f.backoff, g.Conversation)
 			default:
 				f.log.Error("send reports of a conversation; retrying", "conversation", g.Conversation, "err", r.Err)
-				failed = append(failed, g.Conversation)
+				f.failed(g.Conversation)
 			}
 		}
 		f.markDirty(more...)
 	}
-	return failed, sent
+	return sent
 }
 
 type cursorFile struct {
@@ -613,9 +690,10 @@ func oneLine(s string, n int) string {
 	return string(r[:n]) + "…"
 }
 
-// clip cuts s to at most n bytes on a rune boundary, as valid UTF-8.
+// clip cuts s to at most n bytes on a rune boundary, as text the control
+// plane stores (contract.ValidText): invalid UTF-8 and NUL become U+FFFD.
 func clip(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 	if len(s) <= n {
 		return s
 	}

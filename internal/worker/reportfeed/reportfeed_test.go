@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,10 +27,12 @@ func sampleEvents(conv string) []contract.Event {
 		p any
 	}{
 		{contract.EventSessionStarted, contract.SessionStarted{SessionID: "s", Model: "m"}},
-		{contract.EventUserMessage, contract.UserMessage{ClientMessageID: "m1", Text: "please\nrun `ls`"}},
+		// A NUL, which PostgreSQL cannot store: the report must carry text
+		// the control plane accepts, not be refused on every try.
+		{contract.EventUserMessage, contract.UserMessage{ClientMessageID: "m1", Text: "please\nrun `ls`\x00"}},
 		{contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: "m1"}},
 		{contract.EventToolUse, contract.ToolUse{ToolUseID: "t1", Name: "Bash", Input: json.RawMessage(`{"command":"` + strings.Repeat("x", contract.MaxToolInput) + `"}`)}},
-		{contract.EventToolResult, contract.ToolResult{ToolUseID: "t1", Content: long, IsError: true}},
+		{contract.EventToolResult, contract.ToolResult{ToolUseID: "t1", Content: "\x00" + long, IsError: true}},
 		{contract.EventAPIRetry, contract.APIRetry{Attempt: 1, MaxRetries: 10, ErrorStatus: 529}},
 		{contract.EventAssistantText, contract.AssistantText{MessageID: "msg", Text: "done"}},
 		{contract.EventTurnCompleted, contract.TurnCompleted{ClientMessageID: "m1", Usage: contract.Usage{InputTokens: 5}, CostNanoUSD: 7}},
@@ -423,3 +426,103 @@ func TestActivityNamesWhatAPermissionOrBuildIsAbout(t *testing.T) {
 		}
 	}
 }
+
+// TestAStuckConversationDelaysNoOther: a conversation whose reports the
+// control plane cannot store (its group fails on every try) was sent again
+// at every other conversation's event, and its failures delayed everyone's
+// reports by the shared backoff. Now it backs off alone: it is tried a few
+// times, not once per event elsewhere, and the busy conversation's reports
+// keep flowing.
+func TestAStuckConversationDelaysNoOther(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	appendN(t, store, "stuck", 1)
+	busy := appendN(t, store, "busy", 0)
+	var stuckTries int
+	rec := &recorder{group: func(g Group) (GroupResult, bool) {
+		if g.Conversation == "stuck" {
+			stuckTries++
+			return GroupResult{Err: errors.New("report stuck:1:activity: control plane: 500")}, true
+		}
+		return GroupResult{}, false
+	}}
+	f, stop := startFeed(t, dir, store, rec, nil)
+	const events = 100
+	for i := range events {
+		ev, _ := contract.NewEvent("busy", contract.EventAssistantText, contract.AssistantText{Text: fmt.Sprint(i)})
+		ev, _ = busy.Append(ev)
+		f.Notify(ev)
+		time.Sleep(10 * time.Millisecond)
+	}
+	rec.waitKeys(t, events)
+	stop()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	// About a second of events: backoffs of 100, 200, 400 and 800 ms allow
+	// five tries, the last flush one more.
+	if stuckTries > 8 {
+		t.Errorf("the stuck conversation was sent %d times during %d events elsewhere", stuckTries, events)
+	}
+}
+
+// TestReportsTheLogNoLongerHoldsAreCounted: a conversation whose event log
+// dropped its oldest events (its retention bound) while the control plane
+// was behind cannot report them; the gap is logged, not silent.
+func TestReportsTheLogNoLongerHoldsAreCounted(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	store.KeepEvents = 10
+	appendN(t, store, "c1", 40)
+	rec := &recorder{}
+	var warned atomic.Bool
+	log := slog.New(warnSignal{func(r slog.Record) {
+		if strings.Contains(r.Message, "no longer holds") {
+			warned.Store(true)
+		}
+	}})
+	_, stop := startFeed(t, dir, store, rec, log)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		rec.mu.Lock()
+		n, kept := rec.seen["c1:40:activity"], len(rec.keys)
+		rec.mu.Unlock()
+		if n == 1 {
+			if kept >= 40 {
+				t.Fatalf("%d reports of 40 events: the log was not compacted", kept)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the last event was never reported")
+		}
+	}
+	stop()
+	if !warned.Load() {
+		t.Error("the oldest events were never reported and nothing said so")
+	}
+}
+
+// TestStoppingSendsTheLastEvents: events stored just before the worker
+// stops are sent before the feed ends, not at the next start.
+func TestStoppingSendsTheLastEvents(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
+	el := appendN(t, store, "c1", 1)
+	rec := &recorder{}
+	f, stop := startFeed(t, dir, store, rec, nil)
+	rec.waitKeys(t, 1)
+	ev, _ := contract.NewEvent("c1", contract.EventSessionStopped, contract.SessionStopped{Reason: "shutdown"})
+	ev, _ = el.Append(ev)
+	f.Notify(ev)
+	stop()
+	if rec.count() != 2 {
+		t.Errorf("reports at stop: %d, want 2 (the last event's too)", rec.count())
+	}
+}
+
+// warnSignal is a slog handler that calls f for every warning or error.
+type warnSignal struct{ f func(slog.Record) }
+
+func (h warnSignal) Enabled(_ context.Context, l slog.Level) bool  { return l >= slog.LevelWarn }
+func (h warnSignal) Handle(_ context.Context, r slog.Record) error { h.f(r); return nil }
+func (h warnSignal) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h warnSignal) WithGroup(string) slog.Handler                 { return h }
