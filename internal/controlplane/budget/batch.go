@@ -127,9 +127,7 @@ func (s *Service) writer() {
 		}
 		<-s.pgLeader
 		if s.w != nil {
-			for _, st := range s.w.stmts {
-				st.Close()
-			}
+			s.w.Close()
 			s.w.conn.Close()
 			s.w = nil
 		}

@@ -125,9 +125,7 @@ func (s *Service) dropWriter() {
 	if s.w == nil {
 		return
 	}
-	for _, st := range s.w.stmts {
-		st.Close()
-	}
+	s.w.Close()
 	s.w.conn.Raw(func(any) error { return driver.ErrBadConn })
 	s.w.conn.Close()
 	s.w = nil
@@ -147,9 +145,9 @@ type querier interface {
 // (settlements, expiries) or, on SQLite, a caller leading a batch of
 // reservations (lead).
 type writerConn struct {
-	conn    *sql.Conn
-	dialect controlstore.Dialect
-	stmts   map[string]*sql.Stmt
+	*controlstore.Stmts // ExecContext, QueryRowContext, QueryContext
+	conn                *sql.Conn
+	dialect             controlstore.Dialect
 	// syncSet is true once the SQLite connection runs with
 	// synchronous=NORMAL.
 	syncSet bool
@@ -163,7 +161,7 @@ func (s *Service) writerConn(ctx context.Context) (*writerConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.w = &writerConn{conn: c, dialect: s.db.Dialect, stmts: map[string]*sql.Stmt{}}
+	s.w = &writerConn{Stmts: controlstore.NewStmts(c), conn: c, dialect: s.db.Dialect}
 	return s.w, nil
 }
 
@@ -192,42 +190,4 @@ func (w *writerConn) begin(ctx context.Context, durable bool) error {
 func (w *writerConn) commit(ctx context.Context) error {
 	_, err := w.conn.ExecContext(ctx, "COMMIT")
 	return err
-}
-
-func (w *writerConn) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	if st, ok := w.stmts[query]; ok {
-		return st, nil
-	}
-	st, err := w.conn.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	w.stmts[query] = st
-	return st, nil
-}
-
-func (w *writerConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
-}
-
-func (w *writerConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		// A *sql.Row carrying err: query the connection unprepared, which
-		// fails the same way.
-		return w.conn.QueryRowContext(ctx, query, args...)
-	}
-	return st.QueryRowContext(ctx, args...)
-}
-
-func (w *writerConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryContext(ctx, args...)
 }

@@ -71,51 +71,12 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 	return raw, false, nil
 }
 
-// execer runs a transaction's statements: the *sql.Tx, or a stmtCache
-// over it.
+// execer runs a transaction's statements: the *sql.Tx, or a
+// controlstore.Stmts over it (a batch repeats the same few statements for
+// every report).
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// stmtCache runs the statements of one transaction each prepared once: a
-// batch repeats the same few statements for every report, and parsing
-// them again for each was a tenth of a batch's cost on SQLite. The
-// statements end with the transaction.
-type stmtCache struct {
-	tx *sql.Tx
-	m  map[string]*sql.Stmt
-}
-
-func (c *stmtCache) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	if st := c.m[query]; st != nil {
-		return st, nil
-	}
-	st, err := c.tx.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	if c.m == nil {
-		c.m = map[string]*sql.Stmt{}
-	}
-	c.m[query] = st
-	return st, nil
-}
-
-func (c *stmtCache) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	st, err := c.stmt(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
-}
-
-func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := c.stmt(ctx, query)
-	if err != nil {
-		return c.tx.QueryRowContext(ctx, query, args...) // the same error, as a Row
-	}
-	return st.QueryRowContext(ctx, args...)
 }
 
 // onceIn is once inside the caller's transaction tx, which it neither
@@ -308,7 +269,7 @@ func (s *Store) recordTogether(ctx context.Context, items []BatchItem) ([]BatchR
 		return nil, fmt.Errorf("store report batch: %w", err)
 	}
 	defer tx.Rollback()
-	stmts := &stmtCache{tx: tx}
+	stmts := controlstore.NewStmts(tx)
 	res := make([]BatchResult, len(items))
 	for i, it := range items {
 		key, kind, apply := s.batchApply(ctx, it)
