@@ -74,7 +74,7 @@ func TestMessageToAWarmAgentIsStoredOnce(t *testing.T) {
 // filesystem has not grown by what the conversation had left; the limits
 // still hold (TestAgentDiskLimit and the tests after it).
 func TestTurnStartWalksOnlyWhenTheLastWalkMayNotHold(t *testing.T) {
-	r := startRig(t, rigOptions{noJail: true, diskLimit: 1 << 40, fileLimit: 1 << 40, diskEvery: time.Hour})
+	r := startRig(t, rigOptions{diskLimit: 1 << 40, fileLimit: 1 << 40, diskEvery: time.Hour})
 	reg := prometheus.NewRegistry()
 	r.h.RegisterMetrics(reg)
 	walks := func() float64 { return metricValue(t, reg, "talkide_worker_disk_walks_total", nil) }
