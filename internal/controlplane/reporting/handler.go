@@ -27,21 +27,24 @@ func NewHandler(store *Store, keys []token.Key, log *slog.Logger) *Handler {
 }
 
 // scope authenticates the WorkerToken: tenant, env, conversation and user
-// come from it and from nothing else.
+// come from it and from nothing else. A refused token is logged.
 func (h *Handler) scope(r *http.Request) (Scope, error) {
 	raw := r.Header.Get(contract.HeaderWorkerToken)
 	if raw == "" {
 		return Scope{}, httpapi.Unauthorized("missing X-Worker-Token", nil)
 	}
-	return h.verify(r, raw)
-}
-
-// verify checks one WorkerToken and returns its scope, or a 401 or 403
-// *httpapi.Error.
-func (h *Handler) verify(r *http.Request, raw string) (Scope, error) {
-	c, err := h.verifier.Verify(raw)
+	sc, err := h.check(raw)
 	if err != nil {
 		h.log.WarnContext(r.Context(), "reporting refused worker token", "token", token.Fingerprint(raw)) // the cause: on the error line
+	}
+	return sc, err
+}
+
+// check verifies one WorkerToken and returns its scope, or a 401 or 403
+// *httpapi.Error. It logs nothing (a batch logs its refusals once).
+func (h *Handler) check(raw string) (Scope, error) {
+	c, err := h.verifier.Verify(raw)
+	if err != nil {
 		return Scope{}, httpapi.Unauthorized("invalid or expired worker token", err)
 	}
 	if c.Conversation == "" || c.User == "" {
@@ -159,22 +162,15 @@ func (h *Handler) Batch() http.Handler {
 		var where []at
 		refused := 0
 		for gi, g := range b.Groups {
-			sc, err := h.verifier.Verify(g.WorkerToken)
-			switch {
-			case err != nil:
-				ack.Groups[gi] = groupRefused(httpapi.Unauthorized("invalid or expired worker token", err))
-				refused++
-				continue
-			case sc.Conversation == "" || sc.User == "":
-				ack.Groups[gi] = groupRefused(httpapi.Forbidden("worker token not scoped to a conversation", nil))
-				refused++
-				continue
-			case sc.Tenant != caller.Tenant || sc.Env != caller.Env:
-				ack.Groups[gi] = groupRefused(httpapi.Forbidden("worker token of another tenant-env than the request's", nil))
+			scope, err := h.check(g.WorkerToken)
+			if err == nil && (scope.Tenant != caller.Tenant || scope.Env != caller.Env) {
+				err = httpapi.Forbidden("worker token of another tenant-env than the request's", nil)
+			}
+			if err != nil {
+				ack.Groups[gi] = groupRefused(err)
 				refused++
 				continue
 			}
-			scope := Scope{Tenant: sc.Tenant, Env: sc.Env, Conversation: sc.Conversation, User: sc.User}
 			ga := contract.ReportGroupAck{Status: http.StatusOK, Results: make([]contract.ReportResult, len(g.Reports))}
 			for ri, rep := range g.Reports {
 				it, err := batchItem(r, scope, rep)
