@@ -55,13 +55,13 @@ func BodyHash(path string, body []byte) string {
 // later call with the same key returns the stored answer with dup set,
 // without running apply. kind and hash must match the first call's, else
 // ErrKeyReused.
-func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, apply func(tx *sql.Tx) (any, error)) (json.RawMessage, bool, error) {
+func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, apply func(tx execer) (any, error)) (json.RawMessage, bool, error) {
 	tx, err := s.db.SQL.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
 	defer tx.Rollback()
-	raw, dup, err := s.onceIn(ctx, tx, sc, key, kind, hash, func(execer) (any, error) { return apply(tx) })
+	raw, dup, err := s.onceIn(ctx, tx, sc, key, kind, hash, apply)
 	if err != nil || dup {
 		return raw, dup, err
 	}
@@ -76,7 +76,7 @@ func (s *Store) once(ctx context.Context, sc Scope, key, kind, hash string, appl
 // every report).
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	queryer
 }
 
 // onceIn is once inside the caller's transaction tx, which it neither
@@ -137,7 +137,7 @@ func boolInt(b bool) int {
 
 // RecordToolEvent stores a tool event report (r must have passed Validate).
 func (s *Store) RecordToolEvent(ctx context.Context, sc Scope, r contract.ToolEventReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindToolEvent, hash, asTx(s.applyToolEvent(ctx, sc, r)))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindToolEvent, hash, s.applyToolEvent(ctx, sc, r))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
@@ -172,7 +172,7 @@ func (s *Store) applyToolEvent(ctx context.Context, sc Scope, r contract.ToolEve
 
 // RecordUsage stores a usage report (r must have passed Validate).
 func (s *Store) RecordUsage(ctx context.Context, sc Scope, r contract.UsageReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindUsage, hash, asTx(s.applyUsage(ctx, sc, r)))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindUsage, hash, s.applyUsage(ctx, sc, r))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
@@ -198,7 +198,7 @@ func (s *Store) applyUsage(ctx context.Context, sc Scope, r contract.UsageReport
 
 // RecordActivity stores an activity report (r must have passed Validate).
 func (s *Store) RecordActivity(ctx context.Context, sc Scope, r contract.ActivityReport, hash string) (contract.ReportAck, error) {
-	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindActivity, hash, asTx(s.applyActivity(ctx, sc, r)))
+	raw, dup, err := s.once(ctx, sc, r.IdempotencyKey, contract.ReportKindActivity, hash, s.applyActivity(ctx, sc, r))
 	if err != nil {
 		return contract.ReportAck{}, err
 	}
@@ -254,7 +254,7 @@ func (s *Store) RecordBatch(ctx context.Context, items []BatchItem) ([]BatchResu
 	res = make([]BatchResult, len(items))
 	for i, it := range items {
 		key, kind, apply := s.batchApply(ctx, it)
-		_, dup, err := s.once(ctx, it.Scope, key, kind, it.Hash, asTx(apply))
+		_, dup, err := s.once(ctx, it.Scope, key, kind, it.Hash, apply)
 		res[i] = BatchResult{Duplicate: dup, Err: err}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -289,11 +289,6 @@ func (s *Store) recordTogether(ctx context.Context, items []BatchItem) ([]BatchR
 	return res, nil
 }
 
-// asTx adapts a report's apply to once.
-func asTx(apply func(ex execer) (any, error)) func(tx *sql.Tx) (any, error) {
-	return func(tx *sql.Tx) (any, error) { return apply(tx) }
-}
-
 func (s *Store) batchApply(ctx context.Context, it BatchItem) (key, kind string, apply func(ex execer) (any, error)) {
 	switch {
 	case it.ToolEvent != nil:
@@ -316,7 +311,7 @@ func decodeIssueAck(raw json.RawMessage, dup bool) (contract.IssueAck, error) {
 
 // CreateIssue files an issue in the scope's tenant-env with the next number.
 func (s *Store) CreateIssue(ctx context.Context, sc Scope, c contract.IssueCreate, hash string) (contract.IssueAck, error) {
-	raw, dup, err := s.once(ctx, sc, c.IdempotencyKey, "issue_create", hash, func(tx *sql.Tx) (any, error) {
+	raw, dup, err := s.once(ctx, sc, c.IdempotencyKey, "issue_create", hash, func(tx execer) (any, error) {
 		q := s.db.Q
 		// The counter row serialises numbering: UPDATE takes its row lock
 		// on PostgreSQL; SQLite serialises write transactions anyway.
@@ -349,7 +344,7 @@ func (s *Store) CreateIssue(ctx context.Context, sc Scope, c contract.IssueCreat
 // UpdateIssue changes issue number of the scope's tenant-env. It returns
 // ErrNotFound for an issue that does not exist there.
 func (s *Store) UpdateIssue(ctx context.Context, sc Scope, number int64, u contract.IssueUpdate, hash string) (contract.IssueAck, error) {
-	raw, dup, err := s.once(ctx, sc, u.IdempotencyKey, "issue_update", hash, func(tx *sql.Tx) (any, error) {
+	raw, dup, err := s.once(ctx, sc, u.IdempotencyKey, "issue_update", hash, func(tx execer) (any, error) {
 		q := s.db.Q
 		now := controlstore.Millis(s.now())
 		res, err := tx.ExecContext(ctx, q(`UPDATE issues SET
@@ -377,7 +372,7 @@ func (s *Store) UpdateIssue(ctx context.Context, sc Scope, number int64, u contr
 // CommentIssue adds a comment to issue number of the scope's tenant-env. It
 // returns ErrNotFound for an issue that does not exist there.
 func (s *Store) CommentIssue(ctx context.Context, sc Scope, number int64, c contract.IssueComment, hash string) (contract.IssueAck, error) {
-	raw, dup, err := s.once(ctx, sc, c.IdempotencyKey, "issue_comment", hash, func(tx *sql.Tx) (any, error) {
+	raw, dup, err := s.once(ctx, sc, c.IdempotencyKey, "issue_comment", hash, func(tx execer) (any, error) {
 		q := s.db.Q
 		now := controlstore.Millis(s.now())
 		// Bumping last_comment locks the issue row, which numbers the
