@@ -92,13 +92,12 @@ type Config struct {
 	List func() ([]string, error)
 	// Dir holds the cursors (on the session volume). Required.
 	Dir string
-	// Metrics receives the feed's measurements; nil records none.
+	// Metrics receives the feed's measurements; nil: kept unregistered.
 	Metrics *Metrics
 	Logger  *slog.Logger
 }
 
-// Metrics are the feed's Prometheus measurements. A nil *Metrics records
-// nothing.
+// Metrics are the feed's Prometheus measurements.
 type Metrics struct {
 	sent, refused, failed, skipped prometheus.Counter
 }
@@ -119,19 +118,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) add(c func(*Metrics) prometheus.Counter, n int) {
-	if m != nil && n > 0 {
-		c(m).Add(float64(n))
-	}
-}
-
-// cursor is the feed's position in one conversation's log.
-type cursor struct {
-	// taken: every event up to this id was answered by the control plane;
-	// saved: the id in the cursor file.
-	taken, saved int64
-	touched      time.Time
-}
+// cursor is the feed's position in one conversation's log: taken, every
+// event up to this id was answered by the control plane; saved, the id in
+// the cursor file.
+type cursor struct{ taken, saved int64 }
 
 // Feed follows conversations' event logs to the control plane.
 type Feed struct {
@@ -145,7 +135,8 @@ type Feed struct {
 	// wake is signalled by Notify; buffered, never closed.
 	wake chan struct{}
 
-	// cursors, backoff and lastSave are Run's alone.
+	// cursors, backoff and lastSave are Run's alone. cursors holds those
+	// read or moved since the last save.
 	cursors  map[string]*cursor
 	backoff  map[string]*retry
 	lastSave time.Time
@@ -158,6 +149,9 @@ func New(cfg Config) (*Feed, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("report feed: %w", err)
@@ -187,10 +181,8 @@ const (
 	// request is tried again (doubling in between).
 	minRetry = 100 * time.Millisecond
 	maxRetry = 10 * time.Second
-	// cursorSaveEvery is how often moved cursors are saved; cursorIdle how
-	// long a saved cursor stays in memory after it last moved.
+	// cursorSaveEvery is how often moved cursors are saved.
 	cursorSaveEvery = 5 * time.Second
-	cursorIdle      = time.Minute
 )
 
 // Bounds of one request (within the control plane's, contract.MaxReportBatch*).
@@ -376,9 +368,6 @@ func (f *Feed) round(ctx context.Context, convs []string) (sent bool) {
 			}
 			if len(evs) == 0 {
 				delete(f.backoff, c)
-				if cur := f.cursors[c]; cur != nil && cur.taken == cur.saved {
-					delete(f.cursors, c) // nothing new, nothing to save: keep memory for active conversations
-				}
 				continue
 			}
 			if gap := evs[0].ID - after - 1; gap > 0 {
@@ -386,7 +375,7 @@ func (f *Feed) round(ctx context.Context, convs []string) (sent bool) {
 				// while the control plane was behind by more.
 				f.log.Warn("reports of events the event log no longer holds were not sent", "conversation", c,
 					"first_event", after+1, "last_event", evs[0].ID-1)
-				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.skipped }, int(gap))
+				f.cfg.Metrics.skipped.Add(float64(gap))
 			}
 			g, last, full := Group{Conversation: c}, after, false
 			for _, ev := range evs {
@@ -429,7 +418,7 @@ func (f *Feed) round(ctx context.Context, convs []string) (sent bool) {
 		if err != nil {
 			if ctx.Err() == nil {
 				f.log.Error("send reports; retrying", "groups", len(groups), "reports", reports, "err", err)
-				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.failed }, 1)
+				f.cfg.Metrics.failed.Inc()
 			}
 			for _, g := range groups {
 				f.failed(g.Conversation)
@@ -443,15 +432,15 @@ func (f *Feed) round(ctx context.Context, convs []string) (sent bool) {
 			for _, why := range r.Refused {
 				f.log.Warn("report refused by the control plane; not sent again", "conversation", g.Conversation, "report", why)
 			}
-			f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.refused }, len(r.Refused))
+			f.cfg.Metrics.refused.Add(float64(len(r.Refused)))
 			switch {
 			case r.Err == nil:
-				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.sent }, len(g.Reports)-len(r.Refused))
+				f.cfg.Metrics.sent.Add(float64(len(g.Reports) - len(r.Refused)))
 				f.advance(g.Conversation, lasts[k])
 				delete(f.backoff, g.Conversation)
 			case r.Permanent:
 				f.log.Error("reports of a conversation refused; dropped", "conversation", g.Conversation, "reports", len(g.Reports), "err", r.Err)
-				f.cfg.Metrics.add(func(m *Metrics) prometheus.Counter { return m.refused }, len(g.Reports))
+				f.cfg.Metrics.refused.Add(float64(len(g.Reports)))
 				f.advance(g.Conversation, lasts[k])
 				delete(f.backoff, g.Conversation)
 			default:
@@ -493,13 +482,13 @@ func (f *Feed) cursor(conv string) (int64, error) {
 			id = c.EventID
 		}
 	}
-	f.cursors[conv] = &cursor{taken: id, saved: id, touched: time.Now()}
+	f.cursors[conv] = &cursor{taken: id, saved: id}
 	return id, nil
 }
 
 func (f *Feed) advance(conv string, id int64) {
 	if c := f.cursors[conv]; c != nil && id > c.taken {
-		c.taken, c.touched = id, time.Now()
+		c.taken = id
 	}
 }
 
@@ -512,9 +501,9 @@ func (f *Feed) forget(conv string) {
 }
 
 // saveCursors writes the cursors that moved since they were last saved, at
-// most every cursorSaveEvery unless force, and drops from memory those
-// saved and idle. A cursor that cannot be written (a full disk) stays
-// in memory and is tried again.
+// most every cursorSaveEvery unless force, and drops the saved ones from
+// memory (the next round reads them from their files again). A cursor that
+// cannot be written (a full disk) stays in memory and is tried again.
 func (f *Feed) saveCursors(force bool) {
 	now := time.Now()
 	if !force && now.Sub(f.lastSave) < cursorSaveEvery {
@@ -528,11 +517,8 @@ func (f *Feed) saveCursors(force bool) {
 				f.log.Error("save report cursor; trying again later (a restart before then sends some reports again)", "conversation", conv, "err", err)
 				continue
 			}
-			c.saved = c.taken
 		}
-		if now.Sub(c.touched) > cursorIdle {
-			delete(f.cursors, conv)
-		}
+		delete(f.cursors, conv)
 	}
 }
 
