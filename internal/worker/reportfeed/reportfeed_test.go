@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/talkide/talkide/internal/contract"
 	"github.com/talkide/talkide/internal/httpapi"
 	"github.com/talkide/talkide/internal/worker/sessionstore"
@@ -467,7 +469,7 @@ func TestAStuckConversationDelaysNoOther(t *testing.T) {
 
 // TestReportsTheLogNoLongerHoldsAreCounted: a conversation whose event log
 // dropped its oldest events (its retention bound) while the control plane
-// was behind cannot report them; the gap is logged, not silent.
+// was behind cannot report them; the gap is logged and counted, not silent.
 func TestReportsTheLogNoLongerHoldsAreCounted(t *testing.T) {
 	dir := t.TempDir()
 	store, _ := sessionstore.Open(filepath.Join(dir, "store"))
@@ -480,7 +482,7 @@ func TestReportsTheLogNoLongerHoldsAreCounted(t *testing.T) {
 			warned.Store(true)
 		}
 	}})
-	_, stop := startFeed(t, dir, store, rec, log)
+	f, stop := startFeed(t, dir, store, rec, log)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		rec.mu.Lock()
 		n, kept := rec.seen["c1:40:activity"], len(rec.keys)
@@ -498,6 +500,17 @@ func TestReportsTheLogNoLongerHoldsAreCounted(t *testing.T) {
 	stop()
 	if !warned.Load() {
 		t.Error("the oldest events were never reported and nothing said so")
+	}
+	// Every event is either reported or counted as skipped.
+	rec.mu.Lock()
+	reported := len(rec.keys)
+	rec.mu.Unlock()
+	var m dto.Metric
+	if err := f.cfg.Metrics.skipped.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if skipped := m.GetCounter().GetValue(); int(skipped)+reported != 40 {
+		t.Errorf("%d events reported and %v counted as skipped, want 40 in all", reported, skipped)
 	}
 }
 
