@@ -119,6 +119,15 @@ func (c *Client) do(ctx context.Context, conv, method, path string, body []byte)
 	return b, err
 }
 
+// statusError is an answer's status with its error detail (nil: none).
+func statusError(status int, d *contract.ErrorDetail) *StatusError {
+	se := &StatusError{Status: status}
+	if d != nil {
+		se.Type, se.Msg = d.Type, d.Message
+	}
+	return se
+}
+
 // call sends one request with X-Worker-Token tok.
 func (c *Client) call(ctx context.Context, tok, method, path string, body []byte) ([]byte, error) {
 	u := httpapi.JoinURL(c.base, path)
@@ -208,10 +217,7 @@ func (c *Client) SendReports(ctx context.Context, groups []reportfeed.Group) ([]
 			if ga.Status == http.StatusUnauthorized {
 				c.forget(g.Conversation)
 			}
-			se := &StatusError{Status: ga.Status}
-			if ga.Error != nil {
-				se.Type, se.Msg = ga.Error.Type, ga.Error.Message
-			}
+			se := statusError(ga.Status, ga.Error)
 			out[i] = reportfeed.GroupResult{Err: se, Permanent: Permanent(se)}
 			continue
 		}
@@ -223,10 +229,7 @@ func (c *Client) SendReports(ctx context.Context, groups []reportfeed.Group) ([]
 			if rr.Status == http.StatusOK {
 				continue
 			}
-			se := &StatusError{Status: rr.Status}
-			if rr.Error != nil {
-				se.Type, se.Msg = rr.Error.Type, rr.Error.Message
-			}
+			se := statusError(rr.Status, rr.Error)
 			if !Permanent(se) {
 				out[i] = reportfeed.GroupResult{Err: fmt.Errorf("report %s: %w", g.Reports[n].Key, se)}
 				break
