@@ -23,6 +23,7 @@ import (
 	"github.com/talkide/talkide/internal/platformtest"
 	"github.com/talkide/talkide/internal/testlane"
 	"github.com/talkide/talkide/internal/worker/claudecli"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
 )
 
 // TestMovedStateDirKeepsConversations guards against case W3: after the
@@ -120,12 +121,16 @@ func TestMovedStateDirKeepsConversations(t *testing.T) {
 	if got.Worker.WorkDir != workDir {
 		t.Errorf("status work_dir = %q, want %q", got.Worker.WorkDir, workDir)
 	}
-	state, err := os.ReadFile(filepath.Join(sessions, "talkide", "conversations", conv, "state.json"))
+	store, err := sessionstore.Open(filepath.Join(sessions, "talkide"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Contains(state, []byte(oldState)) {
-		t.Errorf("state.json still names the old state dir %s:\n%s", oldState, state)
+	m, err := store.LoadMeta(conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state, _ := json.Marshal(m); bytes.Contains(state, []byte(oldState)) {
+		t.Errorf("the stored state still names the old state dir %s:\n%s", oldState, state)
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 // the jail (the volume bound at a fixed path) would keep that.
 
 // resolveWorkDirLocked sets the session's working directory from its state,
-// saving migrated state at once (so state.json stops naming a path of an
+// saving migrated state at once (so the stored state stops naming a path of an
 // earlier mount). Refused state leaves workDir empty and workDirErr set:
 // the conversation still loads (status, events and Delete work), but no CLI
 // starts for it and each of its turns fails with start_failed saying why.

@@ -32,11 +32,18 @@ func (s *Store) RemoveState(conv string) error {
 	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
 		return fmt.Errorf("delete conversation %q: not a conversation id", conv)
 	}
-	if err := os.Remove(filepath.Join(dir, "state.json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(filepath.Join(dir, stateMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
 	}
 	if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)
+	}
+	// Without its marker the slots are never read; removed too, so a
+	// conversation created again under this id starts from nothing.
+	for i := range 2 {
+		if err := os.Remove(filepath.Join(dir, slotName(uint64(i)))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete conversation %s: %w", conv, err)
+		}
 	}
 	if err := s.unmarkWaiting(conv); err != nil {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)

@@ -4,10 +4,12 @@
 //
 // Per conversation it keeps, under <root>/conversations/<id>/:
 //
-//   - state.json: Meta (CLI session id, working directory, user, accepted
-//     client message ids, ...), written atomically (temp file, fsync, rename,
-//     fsync of the directory), with an on-disk format version that unknown
-//     readers reject;
+//   - state.0.json and state.1.json: Meta (CLI session id, working
+//     directory, user, accepted client message ids, ...), each save written
+//     in place into the slot not holding the newest intact state, checked
+//     by a CRC-32C, so a save cut by a crash reads as the save before it;
+//     state.json marks the conversation as existing and names the on-disk
+//     format, which unknown readers reject (state.go);
 //   - events.jsonl: the EventLog, an append-only, fsynced log of
 //     contract.Event with per-conversation sequence ids. A torn last record
 //     (a crash mid-append) is cut off and reported on open, never fatal.

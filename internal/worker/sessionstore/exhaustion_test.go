@@ -2,6 +2,7 @@ package sessionstore
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,35 +53,57 @@ func fullDisk(t *testing.T) (s *Store, fill func() (free func())) {
 // still loads and no temp file stays.
 func TestSaveMetaOnAFullDiskKeepsThePreviousState(t *testing.T) {
 	s, fill := fullDisk(t)
-	m := &Meta{ConversationID: "c1", UserID: "u1", SessionID: "s1", WorkDir: "/w", CreatedAt: time.Now().UTC()}
-	if err := s.SaveMeta(m); err != nil {
+	// saves is how many saves come before the disk fills: the failed save
+	// creates the second slot (1) or writes over the older slot in place (3).
+	for _, saves := range []int{1, 3} {
+		t.Run(fmt.Sprintf("after %d saves", saves), func(t *testing.T) {
+			conv := fmt.Sprintf("c%d", saves)
+			m := &Meta{ConversationID: conv, UserID: "u1", SessionID: "s1", WorkDir: "/w", CreatedAt: time.Now().UTC()}
+			for range saves {
+				if err := s.SaveMeta(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := dirNames(t, s.Dir(conv))
+			free := fill()
+			defer free()
+			m.Pending = append(m.Pending, PendingMessage{ClientMessageID: "m1", Text: strings.Repeat("x", 64<<10)})
+			if err := s.SaveMeta(m); !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("SaveMeta on a full disk: %v, want ENOSPC", err)
+			}
+			got, err := s.LoadMeta(conv)
+			if err != nil {
+				t.Fatalf("load the state after a failed save: %v", err)
+			}
+			if len(got.Pending) != 0 || got.SessionID != "s1" {
+				t.Fatalf("state after a failed save: %+v, want the previous one", got)
+			}
+			if after := dirNames(t, s.Dir(conv)); after != before {
+				t.Errorf("files after the failed save: %s, want those before it: %s", after, before)
+			}
+			free()
+			if err := s.SaveMeta(m); err != nil {
+				t.Fatalf("save once there is room: %v", err)
+			}
+			if got, err := s.LoadMeta(conv); err != nil || len(got.Pending) != 1 {
+				t.Fatalf("state after the retried save: %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// dirNames lists the names in dir, sorted, for comparison.
+func dirNames(t *testing.T, dir string) string {
+	t.Helper()
+	files, err := os.ReadDir(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	free := fill()
-	m.Pending = append(m.Pending, PendingMessage{ClientMessageID: "m1", Text: strings.Repeat("x", 64<<10)})
-	if err := s.SaveMeta(m); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("SaveMeta on a full disk: %v, want ENOSPC", err)
-	}
-	got, err := s.LoadMeta("c1")
-	if err != nil {
-		t.Fatalf("load the state after a failed save: %v", err)
-	}
-	if len(got.Pending) != 0 || got.SessionID != "s1" {
-		t.Fatalf("state after a failed save: %+v, want the previous one", got)
-	}
-	files, _ := os.ReadDir(s.Dir("c1"))
+	var names []string
 	for _, f := range files {
-		if f.Name() != "state.json" {
-			t.Errorf("file %s left behind by the failed save", f.Name())
-		}
+		names = append(names, f.Name())
 	}
-	free()
-	if err := s.SaveMeta(m); err != nil {
-		t.Fatalf("save once there is room: %v", err)
-	}
-	if got, err := s.LoadMeta("c1"); err != nil || len(got.Pending) != 1 {
-		t.Fatalf("state after the retried save: %+v, %v", got, err)
-	}
+	return strings.Join(names, " ")
 }
 
 // TestAppendOnAFullDiskLeavesTheLogWellFormed: an event that does not fit

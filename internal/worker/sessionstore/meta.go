@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,8 +14,9 @@ import (
 	"github.com/talkide/talkide/internal/worker/atomicfile"
 )
 
-// FormatVersion is the on-disk format of state.json and events.jsonl. A
-// reader refuses files of another version rather than misread them.
+// FormatVersion is the on-disk format of events.jsonl, and of state.json
+// when it held the whole state (see StateFormat). A reader refuses files of
+// another version rather than misread them.
 const FormatVersion = 1
 
 // ErrNotFound is returned for a conversation the store does not hold.
@@ -25,7 +25,7 @@ var ErrNotFound = errors.New("conversation not found")
 // ErrFormat is returned for a file of an unknown format version.
 var ErrFormat = errors.New("unsupported on-disk format")
 
-// Meta is a conversation's durable state (state.json).
+// Meta is a conversation's durable state (see state.go for its files).
 type Meta struct {
 	Format         int       `json:"format"`
 	ConversationID string    `json:"conversation_id"`
@@ -67,6 +67,9 @@ type Meta struct {
 	// CLITotalCostUSD is the CLI's cumulative session cost at the last result
 	// line (the CLI's own figure, used to derive per-turn cost).
 	CLITotalCostUSD float64 `json:"cli_total_cost_usd,omitempty"`
+
+	// slot is where this state was last loaded from or saved to.
+	slot slotPos
 }
 
 // PendingMessage is an accepted user message waiting for its turn.
@@ -182,59 +185,6 @@ func (s *Store) Dir(conv string) string {
 	return filepath.Join(s.root, "conversations", conv)
 }
 
-// LoadMeta reads a conversation's state. It returns ErrNotFound when the
-// conversation has none, an error wrapping ErrFormat for a file of another
-// format version, and an error for a file naming another conversation.
-func (s *Store) LoadMeta(conv string) (*Meta, error) {
-	b, err := os.ReadFile(filepath.Join(s.Dir(conv), "state.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, ErrNotFound
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load state of %s: %w", conv, err)
-	}
-	var m Meta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("load state of %s: %w", conv, err)
-	}
-	if m.Format != FormatVersion {
-		return nil, fmt.Errorf("load state of %s: %w: version %d, want %d", conv, ErrFormat, m.Format, FormatVersion)
-	}
-	if m.ConversationID != conv {
-		// Saved back, it would land in another conversation's directory.
-		return nil, fmt.Errorf("load state of %s: it names conversation %q", conv, m.ConversationID)
-	}
-	return &m, nil
-}
-
-// SaveMeta writes a conversation's state atomically and durably.
-func (s *Store) SaveMeta(m *Meta) error {
-	m.Format = FormatVersion
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
-	}
-	dir := s.Dir(m.ConversationID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
-	}
-	work := HasWaitingWork(m)
-	if work {
-		if err := s.markWaiting(m.ConversationID); err != nil {
-			return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
-		}
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
-		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
-	}
-	if !work {
-		if err := s.unmarkWaiting(m.ConversationID); err != nil {
-			return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
-		}
-	}
-	return nil
-}
-
 // List returns the ids of all conversations that have a state file.
 func (s *Store) List() ([]string, error) {
 	entries, err := os.ReadDir(filepath.Join(s.root, "conversations"))
@@ -243,7 +193,7 @@ func (s *Store) List() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if _, err := os.Stat(filepath.Join(s.root, "conversations", e.Name(), "state.json")); err == nil {
+		if _, err := os.Stat(filepath.Join(s.root, "conversations", e.Name(), stateMarker)); err == nil {
 			ids = append(ids, e.Name())
 		}
 	}

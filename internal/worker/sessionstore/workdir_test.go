@@ -86,12 +86,18 @@ func TestLoadMetaRefusesAnotherConversationsState(t *testing.T) {
 	if err := os.MkdirAll(s.Dir("c2"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(s.Dir("c1"), "state.json"))
+	files, err := os.ReadDir(s.Dir("c1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(s.Dir("c2"), "state.json"), b, 0o600); err != nil {
-		t.Fatal(err)
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(s.Dir("c1"), f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(s.Dir("c2"), f.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := s.LoadMeta("c2"); err == nil || !strings.Contains(err.Error(), `names conversation "c1"`) {
 		t.Errorf("state of c1 loaded as c2's: err %v", err)
