@@ -104,23 +104,50 @@ func (s *session) statusLocked() contract.SessionStatus {
 // is logged; the conversation goes on, and readers see the gap as missing ids
 // never assigned (Append does not consume an id on failure).
 func (s *session) emitLocked(t contract.EventType, payload any) {
+	s.emitAllLocked(newEvent{t, payload})
+}
+
+// newEvent is an event to emit: its type and payload.
+type newEvent struct {
+	t       contract.EventType
+	payload any
+}
+
+// emitAllLocked emits events as emitLocked does, stored with one write and
+// one sync (each sync is a disk round trip a turn waits on).
+func (s *session) emitAllLocked(events ...newEvent) {
 	if !s.ownedLocked() {
-		s.h.log.Warn("event dropped: conversation no longer owned", "conversation", s.conv, "type", t)
+		for _, e := range events {
+			s.h.log.Warn("event dropped: conversation no longer owned", "conversation", s.conv, "type", e.t)
+		}
 		return
 	}
-	ev, err := contract.NewEvent(s.conv, t, payload)
+	evs := make([]contract.Event, 0, len(events))
+	var err error
+	for _, e := range events {
+		var ev contract.Event
+		if ev, err = contract.NewEvent(s.conv, e.t, e.payload); err != nil {
+			break
+		}
+		evs = append(evs, ev)
+	}
 	if err == nil {
-		ev, err = s.log.Append(ev)
+		evs, err = s.log.AppendAll(evs)
 	}
 	if err != nil {
-		s.h.log.Error("append event", "conversation", s.conv, "type", t, "err", err)
+		for _, e := range events {
+			s.h.log.Error("append event", "conversation", s.conv, "type", e.t, "err", err)
+		}
 		return
 	}
-	if m := s.h.metrics.Load(); m != nil {
-		m.observe(ev)
-	}
-	if s.h.cfg.OnEvent != nil {
-		s.h.cfg.OnEvent(ev)
+	m := s.h.metrics.Load()
+	for _, ev := range evs {
+		if m != nil {
+			m.observe(ev)
+		}
+		if s.h.cfg.OnEvent != nil {
+			s.h.cfg.OnEvent(ev)
+		}
 	}
 }
 
@@ -172,10 +199,11 @@ func (s *session) enqueueLocked(req contract.SendMessageRequest) (contract.SendM
 		*s.meta = prev // not stored: not accepted
 		return contract.SendMessageResponse{}, fmt.Errorf("store message: %w", err)
 	}
-	s.emitLocked(contract.EventUserMessage, contract.UserMessage{ClientMessageID: req.ClientMessageID, Text: req.Text})
+	accepted := newEvent{contract.EventUserMessage, contract.UserMessage{ClientMessageID: req.ClientMessageID, Text: req.Text}}
 	if atOnce {
-		s.beginTurnLocked(msg)
+		s.beginTurnLocked(msg, accepted)
 	} else {
+		s.emitAllLocked(accepted)
 		s.pumpLocked()
 	}
 	return resp, nil
@@ -240,11 +268,12 @@ func (s *session) pumpLocked() {
 	}
 }
 
-// beginTurnLocked announces the stored turn t (s.meta.Turn) and writes its
-// message to the running agent.
-func (s *session) beginTurnLocked(t sessionstore.PendingMessage) {
+// beginTurnLocked announces the stored turn t (s.meta.Turn), after the
+// events before (stored with it), and writes its message to the running
+// agent.
+func (s *session) beginTurnLocked(t sessionstore.PendingMessage, before ...newEvent) {
 	s.proc.stopIdleTimer()
-	s.emitLocked(contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: t.ClientMessageID, Continued: t.Continuation})
+	s.emitAllLocked(append(before, newEvent{contract.EventTurnStarted, contract.TurnStarted{ClientMessageID: t.ClientMessageID, Continued: t.Continuation}})...)
 	select {
 	case s.proc.turnStarted <- struct{}{}:
 	default:

@@ -204,45 +204,67 @@ func (l *EventLog) remember(ev contract.Event) {
 // returns the stored event. On a write error nothing is published and the id
 // is not used.
 func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
+	evs, err := l.AppendAll([]contract.Event{ev})
+	if err != nil {
+		return contract.Event{}, err
+	}
+	return evs[0], nil
+}
+
+// AppendAll appends evs as Append does, in order under consecutive ids,
+// with one write and one sync. On an error none is stored or published and
+// no id is used; a crash during the write may keep a prefix of them (the
+// torn record after it is cut when the log is next opened). It returns
+// the stored events.
+func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
+	if len(evs) == 0 {
+		return nil, nil
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.readOnly {
-		return contract.Event{}, ErrReadOnly
+		return nil, ErrReadOnly
 	}
 	if l.closed {
-		return contract.Event{}, ErrClosed
+		return nil, ErrClosed
 	}
-	ev.ID = l.lastID + 1
-	ev.ConversationID = l.conv
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return contract.Event{}, fmt.Errorf("append event: %w", err)
+	stored := make([]contract.Event, len(evs))
+	var b []byte
+	for i, ev := range evs {
+		ev.ID = l.lastID + 1 + int64(i)
+		ev.ConversationID = l.conv
+		line, err := json.Marshal(ev)
+		if err != nil {
+			return nil, fmt.Errorf("append event: %w", err)
+		}
+		b = append(append(b, line...), '\n')
+		stored[i] = ev
 	}
-	b = append(b, '\n')
 	off, err := l.f.Seek(0, io.SeekCurrent)
 	if err != nil {
-		return contract.Event{}, fmt.Errorf("append event: %w", err)
+		return nil, fmt.Errorf("append event: %w", err)
 	}
 	if _, err := l.f.Write(b); err != nil {
 		_ = l.f.Truncate(off) // drop a partial record so the log stays well-formed
 		_, _ = l.f.Seek(off, io.SeekStart)
-		return contract.Event{}, fmt.Errorf("append event: %w", err)
+		return nil, fmt.Errorf("append event: %w", err)
 	}
 	if err := l.f.Sync(); err != nil {
 		_ = l.f.Truncate(off)
 		_, _ = l.f.Seek(off, io.SeekStart)
-		return contract.Event{}, fmt.Errorf("append event: %w", err)
+		return nil, fmt.Errorf("append event: %w", err)
 	}
-	l.lastID = ev.ID
-	l.count++
-	l.remember(ev)
+	for _, ev := range stored {
+		l.lastID = ev.ID
+		l.count++
+		l.remember(ev)
+	}
 	close(l.changed)
 	l.changed = make(chan struct{})
-	if err := l.compactLocked(); err != nil {
-		// The event is stored; only the trimming failed. Try again later.
-		return ev, nil
-	}
-	return ev, nil
+	// A failed trimming leaves the events stored; it is tried again at the
+	// next append.
+	_ = l.compactLocked()
+	return stored, nil
 }
 
 // compactLocked drops the oldest events when the log holds more than 1.5

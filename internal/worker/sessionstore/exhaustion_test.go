@@ -129,6 +129,13 @@ func TestAppendOnAFullDiskLeavesTheLogWellFormed(t *testing.T) {
 	if _, err := l.Append(ev(strings.Repeat("x", 64<<10))); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("append on a full disk: %v, want ENOSPC", err)
 	}
+	// Several at once, the first of which fits: none is stored.
+	if _, err := l.AppendAll([]contract.Event{ev("fits"), ev(strings.Repeat("y", 64<<10))}); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("append of two on a full disk: %v, want ENOSPC", err)
+	}
+	if evs, _ := l.Since(0, 10); len(evs) != 1 || l.LastID() != 1 {
+		t.Fatalf("events after the failed appends: %d (last id %d), want only the first", len(evs), l.LastID())
+	}
 	free()
 	got, err := l.Append(ev("two"))
 	if err != nil || got.ID != 2 {

@@ -3,6 +3,7 @@ package sessionstore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -243,5 +244,53 @@ func TestRetentionKeepsTheNewest(t *testing.T) {
 	}
 	if ev, _ := l2.Append(newEvent(t, "y")); ev.ID != 101 {
 		t.Errorf("next id after compaction: %d, want 101", ev.ID)
+	}
+}
+
+// TestAppendAllStoresInOrder: events appended together take consecutive
+// ids in order, wake a follower once, and read back as appended ones do.
+func TestAppendAllStoresInOrder(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(newEvent(t, "zero")); err != nil {
+		t.Fatal(err)
+	}
+	woken, _ := l.changedOrClosed()
+	got, err := l.AppendAll([]contract.Event{newEvent(t, "one"), newEvent(t, "two"), newEvent(t, "three")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	default:
+		t.Error("followers not woken")
+	}
+	if len(got) != 3 || got[0].ID != 2 || got[2].ID != 4 {
+		t.Fatalf("stored: %+v", got)
+	}
+	if none, err := l.AppendAll(nil); err != nil || none != nil || l.LastID() != 4 {
+		t.Errorf("append of nothing: %v, %v, last id %d", none, err, l.LastID())
+	}
+	l.Close()
+	l2, rep, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	evs, err := l2.Since(1, 10)
+	if err != nil || rep.TornBytes != 0 || len(evs) != 3 {
+		t.Fatalf("read back: %d events, %+v, %v", len(evs), rep, err)
+	}
+	for i, want := range []string{"one", "two", "three"} {
+		var at contract.AssistantText
+		if json.Unmarshal(evs[i].Data, &at) != nil || at.Text != want || evs[i].ID != int64(i+2) {
+			t.Errorf("event %d: id %d %s, want id %d %q", i, evs[i].ID, evs[i].Data, i+2, want)
+		}
 	}
 }
