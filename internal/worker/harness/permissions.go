@@ -60,11 +60,9 @@ var askHookAnswer = map[string]any{"continue": true, "hookSpecificOutput": map[s
 // maxResolved bounds the remembered ids of resolved requests (for 409s).
 const maxResolved = 256
 
-func (s *session) canUseToolLocked(p *process, m *streamjson.ControlRequest) {
-	if s.h.cfg.PermissionPolicy != PolicyAsk {
-		p.send(answerControl(m))
-		return
-	}
+// askToUseToolLocked turns the CLI's can_use_tool request m into a stored
+// permission request and raises it to the user (TALKIDE_PERMISSION_POLICY=ask).
+func (s *session) askToUseToolLocked(p *process, m *streamjson.ControlRequest) {
 	var req struct {
 		ToolName    string          `json:"tool_name"`
 		Input       json.RawMessage `json:"input"`
