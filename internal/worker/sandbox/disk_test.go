@@ -220,3 +220,48 @@ func TestJailFreeze(t *testing.T) {
 		t.Errorf("the jail did not go on after thawing: %s, then %s/%s", frozen, n1, n2)
 	}
 }
+
+// A thread that unshared its file table (unshare(CLONE_FILES)) can hold a
+// deleted file no other thread has: DeletedOpenBytes reads that thread's
+// descriptors too, while it skips the threads sharing the process's.
+func TestDeletedOpenBytesSeesAThreadsOwnFiles(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command("python3", "-c", `
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+def hold():
+    assert libc.unshare(0x400) == 0, ctypes.get_errno()  # CLONE_FILES
+    fd = os.open("y", os.O_RDWR | os.O_CREAT, 0o600)
+    os.write(fd, b"\0" * (8 << 20))
+    os.unlink("y")
+    print("ready", flush=True)
+    time.sleep(30)
+for _ in range(4):
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+threading.Thread(target=hold, daemon=True).start()
+time.sleep(30)
+`)
+	cmd.Dir = dir
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("the holding process: %q %v", buf, err)
+	}
+	own := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/fd/"
+	fds, _ := os.ReadDir(own)
+	for _, fd := range fds {
+		if target, _ := os.Readlink(own + fd.Name()); strings.HasSuffix(target, "y (deleted)") {
+			t.Fatalf("the process's own table holds the file (%s); it should be the thread's alone", target)
+		}
+	}
+	if n := DeletedOpenBytes([]int{cmd.Process.Pid}); n < 8<<20 {
+		t.Errorf("an 8 MiB file deleted while a thread with its own table holds it: %d bytes seen", n)
+	}
+}

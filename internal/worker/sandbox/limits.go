@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits bound one conversation's agent: its CLI and everything it starts.
@@ -86,20 +88,23 @@ func (l Limits) Validate() error {
 // DeletedOpenBytes returns the bytes allocated on disk to files that the
 // processes pids hold open or mapped but that no directory names any more
 // (deleted while open): space a walk of the directories does not see. It
-// looks at every thread's descriptors (a thread group whose leader exited
-// keeps its files in its other threads) and at the processes' mapped files
+// looks at every file table of a process's threads (a thread group whose
+// leader exited keeps its files in its other threads; a thread may have
+// unshared its table) and at the processes' mapped files
 // (/proc/<pid>/map_files: a file mapped, closed and deleted; reading it
 // needs CAP_SYS_ADMIN, which a pod's worker lacks). Each inode counts once;
 // a process or descriptor that vanishes is skipped. Not seen: a descriptor
 // in flight in a unix socket (sent and closed).
+//
+// It runs at every disk walk of every busy agent, so it reads what it
+// can in one go: a thread's descriptors only when kcmp(2) does not show
+// it sharing the process's table, and of the mappings only those that
+// /proc/<pid>/maps marks deleted.
 func DeletedOpenBytes(pids []int) int64 {
 	type ino struct{ dev, ino uint64 }
 	seen := map[ino]bool{}
 	var total int64
 	add := func(p string) {
-		if target, err := os.Readlink(p); err != nil || !strings.HasSuffix(target, " (deleted)") {
-			return
-		}
 		var st syscall.Stat_t
 		// stat through the magic link: the open (or mapped) file itself.
 		if err := syscall.Stat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink != 0 {
@@ -111,23 +116,72 @@ func DeletedOpenBytes(pids []int) int64 {
 			total += st.Blocks * 512
 		}
 	}
-	for _, pid := range pids {
-		base := "/proc/" + strconv.Itoa(pid)
-		dirs := []string{base + "/fd", base + "/map_files"}
-		if tasks, err := os.ReadDir(base + "/task"); err == nil {
-			for _, t := range tasks {
-				dirs = append(dirs, base+"/task/"+t.Name()+"/fd")
-			}
+	addFds := func(dir string) {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return
 		}
-		for _, dir := range dirs {
-			entries, err := os.ReadDir(dir)
-			if err != nil {
-				continue
-			}
-			for _, e := range entries {
-				add(dir + "/" + e.Name())
+		for _, e := range entries {
+			p := dir + "/" + e.Name()
+			if target, err := os.Readlink(p); err == nil && strings.HasSuffix(target, " (deleted)") {
+				add(p)
 			}
 		}
 	}
+	for _, pid := range pids {
+		base := "/proc/" + strconv.Itoa(pid)
+		addFds(base + "/fd")
+		if tasks, err := os.ReadDir(base + "/task"); err == nil {
+			for _, t := range tasks {
+				tid, err := strconv.Atoi(t.Name())
+				if err != nil || tid == pid || sharesFileTable(pid, tid) {
+					continue
+				}
+				addFds(base + "/task/" + t.Name() + "/fd")
+			}
+		}
+		for _, r := range deletedMappings(base + "/maps") {
+			add(base + "/map_files/" + r)
+		}
+	}
 	return total
+}
+
+// kcmpFiles is KCMP_FILES of kcmp(2): do two tasks share a file table.
+const kcmpFiles = 2
+
+// sharesFileTable reports whether thread tid of process pid uses the
+// process's file table; false when kcmp(2) cannot tell (a kernel without
+// it, a seccomp profile refusing it, a task gone).
+func sharesFileTable(pid, tid int) bool {
+	r, _, errno := syscall.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(tid), kcmpFiles, 0, 0, 0)
+	return errno == 0 && r == 0
+}
+
+// deletedMappings returns the map_files names ("start-end", in hex) of
+// the mappings that the maps file marks deleted. A path is printed with
+// its newlines escaped, so each line is one mapping; a file merely named
+// "... (deleted)" is passed over by the caller (it has a link).
+func deletedMappings(maps string) []string {
+	b, err := os.ReadFile(maps)
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSuffix(line, "\n")
+		if !strings.HasSuffix(line, " (deleted)") {
+			continue
+		}
+		rng, _, _ := strings.Cut(line, " ")
+		lo, hi, ok := strings.Cut(rng, "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if !ok || err1 != nil || err2 != nil {
+			continue
+		}
+		// maps pads addresses to 8 digits; map_files does not.
+		names = append(names, strconv.FormatUint(start, 16)+"-"+strconv.FormatUint(end, 16))
+	}
+	return names
 }
