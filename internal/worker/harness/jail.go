@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -336,23 +337,26 @@ type diskWatch struct {
 type fsUse struct {
 	bytes, inodes int64
 	noInodes      bool
+	// each holds one of the dirs per filesystem counted.
+	each []string
 }
 
 // fsUsed returns the bytes and inodes in use on the filesystems of dirs
 // together, each filesystem once (the workspace may be on the session
 // volume, the tmp dir on local disk); zero if none can be read.
 func fsUsed(dirs ...string) fsUse {
-	seen := map[unix.Fsid]bool{}
+	var seen []unix.Fsid
 	var total fsUse
 	for _, d := range dirs {
 		var st unix.Statfs_t
-		if err := unix.Statfs(d, &st); err != nil || seen[st.Fsid] {
+		if err := unix.Statfs(d, &st); err != nil || slices.Contains(seen, st.Fsid) {
 			continue
 		}
-		seen[st.Fsid] = true
+		seen = append(seen, st.Fsid)
 		total.bytes += int64(st.Blocks-st.Bfree) * st.Bsize
 		total.inodes += int64(st.Files - st.Ffree)
 		total.noInodes = total.noInodes || st.Files == 0
+		total.each = append(total.each, d)
 	}
 	return total
 }
@@ -365,7 +369,12 @@ func (w *diskWatch) dirs() []string {
 // grown reports whether the filesystems grew, since the last walk, by more
 // than the conversation had left (bytes or inodes).
 func (w *diskWatch) grown() bool {
-	now := fsUsed(w.dirs()...)
+	// Every diskPoll of every busy agent: one statfs per filesystem of the
+	// last walk, all dirs only if one of those is gone.
+	now := fsUsed(w.fs.each...)
+	if len(now.each) < len(w.fs.each) {
+		now = fsUsed(w.dirs()...)
+	}
 	return w.fs.bytes > 0 && (now.bytes-w.fs.bytes > w.left || now.inodes-w.fs.inodes > w.filesLeft)
 }
 

@@ -267,8 +267,6 @@ type Counters struct {
 	OOMKills int64
 	// ProcessLimitHits counts forks refused by the process limit.
 	ProcessLimitHits int64
-	// MemoryBytes is the group's memory use now.
-	MemoryBytes int64
 }
 
 // Counters reads the group's counters; a counter the host does not keep
@@ -279,12 +277,10 @@ func (g *Cgroup) Counters() Counters {
 		d := g.dirs[""]
 		c.OOMKills = keyed(filepath.Join(d, "memory.events"), "oom_kill")
 		c.ProcessLimitHits = keyed(filepath.Join(d, "pids.events"), "max")
-		c.MemoryBytes = single(filepath.Join(d, "memory.current"))
 		return c
 	}
 	c.OOMKills = keyed(filepath.Join(g.dirs["memory"], "memory.oom_control"), "oom_kill")
 	c.ProcessLimitHits = keyed(filepath.Join(g.dirs["pids"], "pids.events"), "max")
-	c.MemoryBytes = single(filepath.Join(g.dirs["memory"], "memory.usage_in_bytes"))
 	return c
 }
 
