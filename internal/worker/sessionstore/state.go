@@ -76,8 +76,8 @@ type slotFile struct {
 
 // LoadMeta reads a conversation's state. It returns ErrNotFound when the
 // conversation has none, an error wrapping ErrFormat for a marker of an
-// unknown format, and an error when neither slot holds an intact state or
-// the state names another conversation.
+// unknown format, and an error when a slot cannot be read, neither slot
+// holds an intact state, or the state names another conversation.
 func (s *Store) LoadMeta(conv string) (*Meta, error) {
 	dir := s.Dir(conv)
 	b, err := os.ReadFile(filepath.Join(dir, stateMarker))
@@ -101,9 +101,9 @@ func (s *Store) LoadMeta(conv string) (*Meta, error) {
 		if head.ConversationID != conv {
 			return nil, fmt.Errorf("load state of %s: it names conversation %q", conv, head.ConversationID)
 		}
-		state, seq, torn := readSlots(dir)
-		if state == nil {
-			return nil, fmt.Errorf("load state of %s: neither state slot is intact (%s)", conv, torn)
+		state, seq, err := readSlots(dir)
+		if err != nil {
+			return nil, fmt.Errorf("load state of %s: %w", conv, err)
 		}
 		if err := json.Unmarshal(state, &m); err != nil {
 			return nil, fmt.Errorf("load state of %s: slot %d: %w", conv, seq%2, err)
@@ -119,47 +119,73 @@ func (s *Store) LoadMeta(conv string) (*Meta, error) {
 	return &m, nil
 }
 
-// readSlots returns the newest intact slot's state and seq (nil when
-// neither is), and why each slot that is not intact was passed over.
-func readSlots(dir string) (state []byte, seq uint64, torn error) {
+// errNotIntact marks a slot that is missing, torn or holds the other
+// slot's save: one a save did not complete. Any other failure to read a
+// slot (too many open files, EIO, a stale NFS handle) is an error of its
+// own: taking the other slot then would load an older state, and its
+// next save would overwrite the newest.
+var errNotIntact = errors.New("not intact")
+
+// slotReadTries is how often readSlots reads both slots before it calls
+// neither intact: a reader racing the owner's saves (a replica, a quota
+// count) can find each slot mid-write once.
+const slotReadTries = 3
+
+// readSlots returns the newest intact slot's state and seq. It fails when
+// a slot cannot be read, or when neither is intact.
+func readSlots(dir string) (state []byte, seq uint64, err error) {
 	var why []error
-	for i := range 2 {
-		name := slotName(uint64(i))
-		f, err := readSlot(filepath.Join(dir, name))
-		if err != nil {
-			why = append(why, fmt.Errorf("%s: %w", name, err))
-			continue
+	for range slotReadTries {
+		why = why[:0]
+		for i := range 2 {
+			name := slotName(uint64(i))
+			f, err := readSlot(filepath.Join(dir, name), i)
+			if errors.Is(err, errNotIntact) {
+				why = append(why, fmt.Errorf("%s: %w", name, err))
+				continue
+			}
+			if err != nil {
+				return nil, 0, err
+			}
+			if state == nil || f.Seq > seq {
+				state, seq = f.State, f.Seq
+			}
 		}
-		if f.Seq%2 != uint64(i) {
-			why = append(why, fmt.Errorf("%s: holds save %d, of the other slot", name, f.Seq))
-			continue
-		}
-		if state == nil || f.Seq > seq {
-			state, seq = f.State, f.Seq
+		if state != nil {
+			return state, seq, nil
 		}
 	}
-	return state, seq, errors.Join(why...)
+	return nil, 0, fmt.Errorf("neither state slot is intact (%w)", errors.Join(why...))
 }
 
-// readSlot reads and checks one slot file.
-func readSlot(path string) (slotFile, error) {
+// readSlot reads and checks slot file i at path. Its error wraps
+// errNotIntact when the slot is missing, torn or of the other slot.
+func readSlot(path string, i int) (slotFile, error) {
 	var f slotFile
 	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return f, fmt.Errorf("%w: missing", errNotIntact)
+	}
 	if err != nil {
 		return f, err
 	}
 	if err := json.Unmarshal(b, &f); err != nil {
-		return f, fmt.Errorf("torn: %w", err)
+		return f, fmt.Errorf("%w: torn: %v", errNotIntact, err)
 	}
 	if f.Seq == 0 || crc32.Checksum(f.State, slotCRC) != f.CRC32C {
-		return f, errors.New("torn: its checksum does not match")
+		return f, fmt.Errorf("%w: torn: its checksum does not match", errNotIntact)
+	}
+	if f.Seq%2 != uint64(i) {
+		return f, fmt.Errorf("%w: holds save %d, of the other slot", errNotIntact, f.Seq)
 	}
 	return f, nil
 }
 
 // SaveMeta writes a conversation's state durably: after it returns, a
 // crash leaves LoadMeta reading this state; if it fails, LoadMeta reads the
-// state of the save before. It also keeps the waiting index (waiting.go).
+// state of the save before. It fails with an error wrapping ErrNotFound
+// once RemoveState took the conversation's state. It also keeps the
+// waiting index (waiting.go).
 func (s *Store) SaveMeta(m *Meta) error {
 	m.Format = StateFormat
 	state, err := json.Marshal(m)
@@ -187,10 +213,20 @@ func (s *Store) saveState(m *Meta, dir string, state []byte) error {
 			return err
 		}
 		for i := range 2 {
-			if f, err := readSlot(filepath.Join(dir, slotName(uint64(i)))); err == nil && f.Seq%2 == uint64(i) {
+			f, err := readSlot(filepath.Join(dir, slotName(uint64(i))), i)
+			if err == nil {
 				pos.seq = max(pos.seq, f.Seq)
+			} else if !errors.Is(err, errNotIntact) {
+				return err
 			}
 		}
+	} else if _, err := os.Lstat(filepath.Join(dir, stateMarker)); err != nil {
+		// The marker went (RemoveState, perhaps of a Delete that failed
+		// after it): a slot written now would never be read.
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: its state was removed", ErrNotFound)
+		}
+		return err
 	}
 	work := HasWaitingWork(m)
 	if work {
@@ -205,6 +241,8 @@ func (s *Store) saveState(m *Meta, dir string, state []byte) error {
 	}
 	if created {
 		if err := syncDir(dir); err != nil {
+			// Removed, so that the next save creates and syncs it again.
+			_ = os.Remove(filepath.Join(dir, slotName(next)))
 			return err
 		}
 	}

@@ -305,3 +305,55 @@ func TestSaveFollowsNoLink(t *testing.T) {
 		t.Errorf("loaded %s, want s2", got)
 	}
 }
+
+// TestAnUnreadableSlotIsAnError: a slot that exists but cannot be read
+// (too many open files, EIO, a stale NFS handle; here a directory in its
+// place) is not a torn one: taking the other slot would load an older
+// state, and the next save would overwrite the newest.
+func TestAnUnreadableSlotIsAnError(t *testing.T) {
+	s := openStore(t)
+	m := &Meta{ConversationID: "c1", UserID: "u"}
+	saveSessions(t, s, m, "s1", "s2", "s3") // s3 in slot 1
+	slot := filepath.Join(s.Dir("c1"), "state.1.json")
+	if err := os.Rename(slot, slot+".aside"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(slot, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.LoadMeta("c1"); err == nil {
+		t.Fatalf("loaded session %s with the newest slot unreadable, want an error", got.SessionID)
+	}
+	// A new Meta's first save reads the slots too: it must not go on.
+	if err := s.SaveMeta(&Meta{ConversationID: "c1", UserID: "u", SessionID: "other"}); err == nil {
+		t.Error("a save with a slot unreadable succeeded")
+	}
+	if err := os.Remove(slot); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(slot+".aside", slot); err != nil {
+		t.Fatal(err)
+	}
+	if got := loadSession(t, s, "c1"); got != "s3" {
+		t.Errorf("loaded %s once readable, want s3", got)
+	}
+}
+
+// TestASaveAfterItsStateWasRemovedFails: once RemoveState took the marker
+// (a Delete that failed after it leaves the session loaded), a save must
+// not report success for a slot nothing reads.
+func TestASaveAfterItsStateWasRemovedFails(t *testing.T) {
+	s := openStore(t)
+	m := &Meta{ConversationID: "c1", UserID: "u"}
+	saveSessions(t, s, m, "s1", "s2")
+	if err := s.RemoveState("c1"); err != nil {
+		t.Fatal(err)
+	}
+	m.SessionID = "s3"
+	if err := s.SaveMeta(m); !errors.Is(err, ErrNotFound) {
+		t.Errorf("save after RemoveState: %v, want ErrNotFound", err)
+	}
+	if _, err := s.LoadMeta("c1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("load after RemoveState: %v, want ErrNotFound", err)
+	}
+}
