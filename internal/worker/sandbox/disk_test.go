@@ -142,9 +142,20 @@ func TestMeasureDiskMemoryPerFile(t *testing.T) {
 }
 
 // A file mapped, closed and deleted still takes its disk: DeletedOpenBytes
-// finds it among the process's mapped files, as it finds one open in a
-// thread whose group leader exited.
+// finds it among the process's mapped files, also once the thread-group
+// leader exited.
 func TestDeletedOpenBytesSeesMappedFiles(t *testing.T) {
+	t.Run("by the process", func(t *testing.T) { seesMappedFile(t, "time.sleep(30)", false) })
+	// The leader's maps is empty once it exited; its threads share the map.
+	t.Run("by a thread whose leader exited", func(t *testing.T) {
+		seesMappedFile(t, "import threading\nthreading.Thread(target=time.sleep, args=(30,)).start()\nlibc.syscall(60, 0)  # SYS_exit: the leader alone", true)
+	})
+}
+
+// seesMappedFile runs a process that maps, closes and deletes an 8 MiB
+// file, then runs then, and checks DeletedOpenBytes counts the file (once
+// the leader's maps shows nothing, if leaderExits).
+func seesMappedFile(t *testing.T, then string, leaderExits bool) {
 	dir := t.TempDir()
 	cmd := exec.Command("python3", "-c", `
 import ctypes, os, time
@@ -157,8 +168,7 @@ assert libc.mmap(None, 4096, 3, 1, fd, 0) not in (None, ctypes.c_void_p(-1).valu
 os.close(fd)
 os.unlink("x")
 print("ready", flush=True)
-time.sleep(30)
-`)
+`+then+"\n")
 	cmd.Dir = dir
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -171,6 +181,14 @@ time.sleep(30)
 	buf := make([]byte, 6)
 	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "ready\n" {
 		t.Fatalf("the mapping process: %q %v", buf, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); leaderExits; time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/maps"); err == nil && len(b) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leader's maps still shows mappings")
+		}
 	}
 	if n := DeletedOpenBytes([]int{cmd.Process.Pid}); n < 8<<20 {
 		t.Errorf("a mapped, deleted 8 MiB file: %d bytes seen", n)

@@ -131,16 +131,28 @@ func DeletedOpenBytes(pids []int) int64 {
 	for _, pid := range pids {
 		base := "/proc/" + strconv.Itoa(pid)
 		addFds(base + "/fd")
-		if tasks, err := os.ReadDir(base + "/task"); err == nil {
-			for _, t := range tasks {
-				tid, err := strconv.Atoi(t.Name())
-				if err != nil || tid == pid || sharesFileTable(pid, tid) {
-					continue
+		var threads []string
+		tasks, _ := os.ReadDir(base + "/task")
+		for _, t := range tasks {
+			if tid, err := strconv.Atoi(t.Name()); err == nil && tid != pid {
+				threads = append(threads, t.Name())
+				if !sharesFileTable(pid, tid) {
+					addFds(base + "/task/" + t.Name() + "/fd")
 				}
-				addFds(base + "/task/" + t.Name() + "/fd")
 			}
 		}
-		for _, r := range deletedMappings(base + "/maps") {
+		// The threads share one memory map; when the group's leader has
+		// exited, its maps is empty and a live thread's holds it.
+		ranges, mapped := deletedMappings(base)
+		for _, tid := range threads {
+			if mapped {
+				break
+			}
+			if ranges, mapped = deletedMappings("/proc/" + tid); mapped {
+				base = "/proc/" + tid
+			}
+		}
+		for _, r := range ranges {
 			add(base + "/map_files/" + r)
 		}
 	}
@@ -159,15 +171,16 @@ func sharesFileTable(pid, tid int) bool {
 }
 
 // deletedMappings returns the map_files names ("start-end", in hex) of
-// the mappings that the maps file marks deleted. A path is printed with
-// its newlines escaped, so each line is one mapping; a file merely named
-// "... (deleted)" is passed over by the caller (it has a link).
-func deletedMappings(maps string) []string {
-	b, err := os.ReadFile(maps)
+// the mappings that the maps file of the process or thread at /proc path
+// proc marks deleted, and whether it showed any mapping (an exited
+// thread-group leader shows none). A path is printed with its newlines
+// escaped, so each line is one mapping; a file merely named "...
+// (deleted)" is passed over by the caller (it has a link).
+func deletedMappings(proc string) (names []string, mapped bool) {
+	b, err := os.ReadFile(proc + "/maps")
 	if err != nil {
-		return nil
+		return nil, false
 	}
-	var names []string
 	for line := range strings.Lines(string(b)) {
 		line = strings.TrimSuffix(line, "\n")
 		if !strings.HasSuffix(line, " (deleted)") {
@@ -183,5 +196,5 @@ func deletedMappings(maps string) []string {
 		// maps pads addresses to 8 digits; map_files does not.
 		names = append(names, strconv.FormatUint(start, 16)+"-"+strconv.FormatUint(end, 16))
 	}
-	return names
+	return names, len(b) > 0
 }
