@@ -156,7 +156,6 @@ func TestDeletedOpenBytesSeesMappedFiles(t *testing.T) {
 // file, then runs then, and checks DeletedOpenBytes counts the file (once
 // the leader's maps shows nothing, if leaderExits).
 func seesMappedFile(t *testing.T, then string, leaderExits bool) {
-	dir := t.TempDir()
 	cmd := exec.Command("python3", "-c", `
 import ctypes, os, time
 fd = os.open("x", os.O_RDWR | os.O_CREAT, 0o600)
@@ -169,19 +168,7 @@ os.close(fd)
 os.unlink("x")
 print("ready", flush=True)
 `+then+"\n")
-	cmd.Dir = dir
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	buf := make([]byte, 6)
-	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "ready\n" {
-		t.Fatalf("the mapping process: %q %v", buf, err)
-	}
+	startReady(t, cmd)
 	for deadline := time.Now().Add(10 * time.Second); leaderExits; time.Sleep(10 * time.Millisecond) {
 		if b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/maps"); err == nil && len(b) == 0 {
 			break
@@ -243,7 +230,6 @@ func TestJailFreeze(t *testing.T) {
 // deleted file no other thread has: DeletedOpenBytes reads that thread's
 // descriptors too, while it skips the threads sharing the process's.
 func TestDeletedOpenBytesSeesAThreadsOwnFiles(t *testing.T) {
-	dir := t.TempDir()
 	cmd := exec.Command("python3", "-c", `
 import ctypes, os, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -259,19 +245,7 @@ for _ in range(4):
 threading.Thread(target=hold, daemon=True).start()
 time.sleep(30)
 `)
-	cmd.Dir = dir
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	buf := make([]byte, 6)
-	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "ready\n" {
-		t.Fatalf("the holding process: %q %v", buf, err)
-	}
+	startReady(t, cmd)
 	own := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/fd/"
 	fds, _ := os.ReadDir(own)
 	for _, fd := range fds {
@@ -281,5 +255,24 @@ time.sleep(30)
 	}
 	if n := DeletedOpenBytes([]int{cmd.Process.Pid}); n < 8<<20 {
 		t.Errorf("an 8 MiB file deleted while a thread with its own table holds it: %d bytes seen", n)
+	}
+}
+
+// startReady starts cmd in a temporary directory, ends it when the test
+// ends, and waits for it to print "ready".
+func startReady(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.Dir = t.TempDir()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("the test's process: %q %v", buf, err)
 	}
 }
