@@ -28,9 +28,9 @@ func (s *Store) Delete(conv string) error {
 // can still be closed before Delete removes the rest. A conversation
 // without state is no error.
 func (s *Store) RemoveState(conv string) error {
-	dir := s.Dir(conv)
-	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
-		return fmt.Errorf("delete conversation %q: not a conversation id", conv)
+	dir, err := s.ownDir(conv)
+	if err != nil {
+		return fmt.Errorf("delete conversation: %w", err)
 	}
 	if err := os.Remove(filepath.Join(dir, stateMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete conversation %s: %w", conv, err)

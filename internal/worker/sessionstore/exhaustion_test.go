@@ -50,7 +50,7 @@ func fullDisk(t *testing.T) (s *Store, fill func() (free func())) {
 // TestSaveMetaOnAFullDiskKeepsThePreviousState guards W2's "state saves
 // answered 500": a save that meets a full disk fails with ENOSPC (which the
 // worker answers as a refusal) and is never half-done: the previous state
-// still loads and no temp file stays.
+// still loads and no file the save created stays.
 func TestSaveMetaOnAFullDiskKeepsThePreviousState(t *testing.T) {
 	s, fill := fullDisk(t)
 	// saves is how many saves come before the disk fills: the failed save

@@ -185,6 +185,16 @@ func (s *Store) Dir(conv string) string {
 	return filepath.Join(s.root, "conversations", conv)
 }
 
+// ownDir returns Dir(conv), or an error when conv would name a directory
+// other than one right under the conversations' (a path, "..").
+func (s *Store) ownDir(conv string) (string, error) {
+	dir := s.Dir(conv)
+	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
+		return "", fmt.Errorf("%q is not a conversation id", conv)
+	}
+	return dir, nil
+}
+
 // List returns the ids of all conversations that have a state file.
 func (s *Store) List() ([]string, error) {
 	entries, err := os.ReadDir(filepath.Join(s.root, "conversations"))

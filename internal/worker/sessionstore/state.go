@@ -192,9 +192,9 @@ func (s *Store) SaveMeta(m *Meta) error {
 	if err != nil {
 		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
 	}
-	dir := s.Dir(m.ConversationID)
-	if filepath.Dir(dir) != filepath.Join(s.root, "conversations") {
-		return fmt.Errorf("save state of %q: not a conversation id", m.ConversationID)
+	dir, err := s.ownDir(m.ConversationID)
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
 	}
 	if err := s.saveState(m, dir, state); err != nil {
 		return fmt.Errorf("save state of %s: %w", m.ConversationID, err)
@@ -235,16 +235,8 @@ func (s *Store) saveState(m *Meta, dir string, state []byte) error {
 		}
 	}
 	next := pos.seq + 1
-	created, err := writeSlot(filepath.Join(dir, slotName(next)), next, state)
-	if err != nil {
+	if err := writeSlot(dir, next, state); err != nil {
 		return err
-	}
-	if created {
-		if err := syncDir(dir); err != nil {
-			// Removed, so that the next save creates and syncs it again.
-			_ = os.Remove(filepath.Join(dir, slotName(next)))
-			return err
-		}
 	}
 	if !pos.known {
 		// Replaces a format 1 state.json, if any: from here the slots hold
@@ -263,18 +255,20 @@ func (s *Store) saveState(m *Meta, dir string, state []byte) error {
 	return nil
 }
 
-// writeSlot writes save seq of state over the slot file at path, in place,
-// and syncs its data. created reports a new file (its directory entry is
-// not yet durable). A new file that could not be written is removed; an
+// writeSlot writes save seq of state over its slot file in dir, in place,
+// and syncs its data (and dir, for a new file). A new file that could not
+// be written and synced is removed, so the next save creates it again; an
 // old one is left torn, which LoadMeta passes over.
-func writeSlot(path string, seq uint64, state []byte) (created bool, err error) {
+func writeSlot(dir string, seq uint64, state []byte) (err error) {
+	path := filepath.Join(dir, slotName(seq))
+	created := false
 	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 		created = err == nil
 	}
 	if err != nil {
-		return false, err
+		return err
 	}
 	b := fmt.Appendf(nil, `{"seq":%d,"crc32c":%d,"state":`, seq, crc32.Checksum(state, slotCRC))
 	b = append(append(b, state...), "}\n"...)
@@ -307,8 +301,11 @@ func writeSlot(path string, seq uint64, state []byte) (created bool, err error) 
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil && created {
+		err = syncDir(dir)
+	}
 	if err != nil && created {
 		_ = os.Remove(path)
 	}
-	return created, err
+	return err
 }

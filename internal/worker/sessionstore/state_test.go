@@ -357,3 +357,20 @@ func TestASaveAfterItsStateWasRemovedFails(t *testing.T) {
 		t.Errorf("load after RemoveState: %v, want ErrNotFound", err)
 	}
 }
+
+// TestSaveRefusesAnIDThatIsAPath: an id naming a directory other than its
+// own under the conversations' is refused, and nothing is written there.
+func TestSaveRefusesAnIDThatIsAPath(t *testing.T) {
+	s := openStore(t)
+	for _, id := range []string{"..", "../escaped", "a/b"} {
+		if err := s.SaveMeta(&Meta{ConversationID: id, UserID: "u"}); err == nil || !strings.Contains(err.Error(), "not a conversation id") {
+			t.Errorf("save of id %q: %v, want a refusal", id, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.root, "escaped")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a save wrote outside the conversations: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir("a"), "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a save wrote a nested conversation: %v", err)
+	}
+}
