@@ -144,12 +144,9 @@ func DeletedOpenBytes(pids []int) int64 {
 		// The threads share one memory map; when the group's leader has
 		// exited, its maps is empty and a live thread's holds it.
 		ranges, mapped := deletedMappings(base)
-		for _, tid := range threads {
-			if mapped {
-				break
-			}
-			if ranges, mapped = deletedMappings("/proc/" + tid); mapped {
-				base = "/proc/" + tid
+		for i := 0; !mapped && i < len(threads); i++ {
+			if ranges, mapped = deletedMappings("/proc/" + threads[i]); mapped {
+				base = "/proc/" + threads[i]
 			}
 		}
 		for _, r := range ranges {
