@@ -384,21 +384,19 @@ func (s *session) handle(p *process, m streamjson.Message) {
 		switch {
 		case s.mcpControlLocked(p, m):
 		case m.Subtype() == "can_use_tool":
-			u, ok := s.calls.asked(m)
-			if s.h.cfg.PermissionPolicy != PolicyAsk {
+			ask := s.h.cfg.PermissionPolicy == PolicyAsk
+			if !ask {
 				// Allowed without asking: the tool runs while its call is
 				// stored (its result is stored after it either way).
 				p.send(answerControl(m))
-				if ok {
-					s.emitLocked(contract.EventToolUse, u)
-				}
-				break
 			}
 			// The client sees the call before any request about it.
-			if ok {
+			if u, ok := s.calls.asked(m); ok {
 				s.emitLocked(contract.EventToolUse, u)
 			}
-			s.askToUseToolLocked(p, m)
+			if ask {
+				s.askToUseToolLocked(p, m)
+			}
 		default:
 			p.send(answerControl(m))
 		}
