@@ -36,8 +36,9 @@ type RepairReport struct {
 
 // EventLog is one conversation's append-only event log. Append assigns the
 // next sequence id and writes the event durably (fsync) before returning, so
-// anything streamed from the log was stored first. It is safe for concurrent
-// use.
+// anything streamed from the log was stored first. A writer with several
+// events at hand may Write them as they come and Commit them with one sync;
+// readers see them only then. It is safe for concurrent use.
 type EventLog struct {
 	path string
 	conv string
@@ -60,6 +61,10 @@ type EventLog struct {
 	// keep is the retention bound (0: none); count the events in the file;
 	// guarded by mu.
 	keep, count int
+	// pending are events written by Write but not yet synced nor shown to
+	// readers, the first at offset pendingOff; guarded by mu.
+	pending    []contract.Event
+	pendingOff int64
 }
 
 // ErrClosed is returned by Append on a closed log.
@@ -212,26 +217,69 @@ func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 }
 
 // AppendAll appends evs as Append does, in order under consecutive ids,
-// with one write and one sync. On an error none is stored or published and
-// no id is used; a crash during the write may keep a prefix of them (the
-// torn record after it is cut when the log is next opened). It returns
-// the stored events.
+// with one write and one sync. Events written before with Write are synced
+// and published with them, ahead of them. On an error none is stored or
+// published and no id is used; a crash during the write may keep a prefix
+// of them (the torn record after it is cut when the log is next opened). It
+// returns the stored events, Write's first.
 func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
 	if len(evs) == 0 {
 		return nil, nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, err := l.writeLocked(evs); err != nil {
+		return nil, err
+	}
+	stored, err := l.commitLocked()
+	if err != nil {
+		return nil, err
+	}
+	return stored, nil
+}
+
+// Write appends evs to the file under the next ids without syncing them,
+// for a writer with more events at hand (group commit): they stay pending,
+// invisible to readers, until Commit or AppendAll syncs and publishes them
+// with one sync. It returns the events with their ids. On an error none of
+// evs is written and no id is used; events pending before stay pending.
+// A crash before the sync may keep them or not; either way the ids of kept
+// events were never shown to a reader.
+func (l *EventLog) Write(evs []contract.Event) ([]contract.Event, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writeLocked(evs)
+}
+
+// Pending is how many events Write left for Commit.
+func (l *EventLog) Pending() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending)
+}
+
+// Commit syncs the events Write left pending and publishes them to readers.
+// It returns them (none when nothing was pending). On an error it returns
+// them with the error: they are cut from the file and none of their ids is
+// used.
+func (l *EventLog) Commit() ([]contract.Event, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.commitLocked()
+}
+
+func (l *EventLog) writeLocked(evs []contract.Event) ([]contract.Event, error) {
 	if l.readOnly {
 		return nil, ErrReadOnly
 	}
 	if l.closed {
 		return nil, ErrClosed
 	}
+	next := l.lastID + int64(len(l.pending)) + 1
 	stored := make([]contract.Event, len(evs))
 	var b []byte
 	for i, ev := range evs {
-		ev.ID = l.lastID + 1 + int64(i)
+		ev.ID = next + int64(i)
 		ev.ConversationID = l.conv
 		line, err := json.Marshal(ev)
 		if err != nil {
@@ -245,16 +293,27 @@ func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
 		return nil, fmt.Errorf("append event: %w", err)
 	}
 	if _, err := l.f.Write(b); err != nil {
-		_ = l.f.Truncate(off) // drop a partial record so the log stays well-formed
-		_, _ = l.f.Seek(off, io.SeekStart)
+		l.cutLocked(off) // drop a partial record so the log stays well-formed
 		return nil, fmt.Errorf("append event: %w", err)
 	}
+	if len(l.pending) == 0 {
+		l.pendingOff = off
+	}
+	l.pending = append(l.pending, stored...)
+	return stored, nil
+}
+
+func (l *EventLog) commitLocked() ([]contract.Event, error) {
+	if len(l.pending) == 0 {
+		return nil, nil
+	}
+	evs := l.pending
+	l.pending = nil
 	if err := l.f.Sync(); err != nil {
-		_ = l.f.Truncate(off)
-		_, _ = l.f.Seek(off, io.SeekStart)
-		return nil, fmt.Errorf("append event: %w", err)
+		l.cutLocked(l.pendingOff)
+		return evs, fmt.Errorf("append event: %w", err)
 	}
-	for _, ev := range stored {
+	for _, ev := range evs {
 		l.lastID = ev.ID
 		l.count++
 		l.remember(ev)
@@ -264,7 +323,13 @@ func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
 	// A failed trimming leaves the events stored; it is tried again at the
 	// next append.
 	_ = l.compactLocked()
-	return stored, nil
+	return evs, nil
+}
+
+// cutLocked truncates the file at off, where the next record goes.
+func (l *EventLog) cutLocked(off int64) {
+	_ = l.f.Truncate(off)
+	_, _ = l.f.Seek(off, io.SeekStart)
 }
 
 // compactLocked drops the oldest events when the log holds more than 1.5
@@ -275,7 +340,7 @@ func (l *EventLog) compactLocked() error {
 	if l.keep <= 0 || l.count <= l.keep+l.keep/2 {
 		return nil
 	}
-	evs, err := l.readFile(l.lastID-int64(l.keep), l.keep)
+	evs, err := l.readFile(l.lastID-int64(l.keep), l.keep, l.lastID)
 	if err != nil {
 		return err
 	}
@@ -376,7 +441,8 @@ func (l *EventLog) Follow(ctx context.Context, after int64, heartbeat time.Durat
 // when possible, else from the file.
 func (l *EventLog) Since(after int64, max int) ([]contract.Event, error) {
 	l.mu.Lock()
-	if after >= l.lastID {
+	last := l.lastID
+	if after >= last {
 		l.mu.Unlock()
 		return nil, nil
 	}
@@ -388,10 +454,12 @@ func (l *EventLog) Since(after int64, max int) ([]contract.Event, error) {
 		return out, nil
 	}
 	l.mu.Unlock()
-	return l.readFile(after, max)
+	return l.readFile(after, max, last)
 }
 
-func (l *EventLog) readFile(after int64, max int) ([]contract.Event, error) {
+// readFile reads up to max events with after < id <= last from the file
+// (last keeps out events written but not yet committed).
+func (l *EventLog) readFile(after int64, max int, last int64) ([]contract.Event, error) {
 	f, err := os.Open(l.path)
 	if err != nil {
 		return nil, fmt.Errorf("read event log: %w", err)
@@ -417,22 +485,30 @@ func (l *EventLog) readFile(after int64, max int) ([]contract.Event, error) {
 		if json.Unmarshal(line, &ev) != nil || ev.ID <= after {
 			continue
 		}
+		if ev.ID > last {
+			break
+		}
 		out = append(out, ev)
 	}
 	return out, nil
 }
 
-// Close closes the file and wakes readers; later Appends fail with ErrClosed.
+// Close commits what Write left pending, closes the file and wakes
+// readers; later Appends fail with ErrClosed.
 func (l *EventLog) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil
 	}
+	var err error
+	if l.f != nil {
+		_, err = l.commitLocked()
+	}
 	l.closed = true
 	close(l.changed) // stays closed: readers see the end through Follow
 	if l.f == nil {
 		return nil
 	}
-	return l.f.Close()
+	return errors.Join(err, l.f.Close())
 }

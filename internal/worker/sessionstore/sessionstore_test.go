@@ -294,3 +294,90 @@ func TestAppendAllStoresInOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestWrittenEventsWaitForTheirCommit: events given to Write are in the
+// file but no reader sees them (not Since from memory, not Since from the
+// file beyond memory, not LastID, and followers are not woken) until
+// Commit, which publishes them in order with the ids Write gave. AppendAll
+// commits them ahead of its own, and Close commits what is left.
+func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	s.RecentEvents = 2 // so older reads go to the file
+	l, _, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := l.Append(newEvent(t, "stored")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	woken, _ := l.changedOrClosed()
+	w, err := l.Write([]contract.Event{newEvent(t, "a"), newEvent(t, "b")})
+	if err != nil || len(w) != 2 || w[0].ID != 4 || w[1].ID != 5 {
+		t.Fatalf("Write: %+v, %v; want ids 4 and 5", w, err)
+	}
+	if w2, err := l.Write([]contract.Event{newEvent(t, "c")}); err != nil || w2[0].ID != 6 {
+		t.Fatalf("second Write: %+v, %v; want id 6", w2, err)
+	}
+	if l.LastID() != 3 || l.Pending() != 3 {
+		t.Fatalf("before the commit: last id %d, pending %d; want 3 and 3", l.LastID(), l.Pending())
+	}
+	for _, after := range []int64{0, 2} { // from the file, from memory
+		if evs, err := l.Since(after, 100); err != nil || len(evs) != int(3-after) {
+			t.Fatalf("Since(%d) before the commit: %d events (%v), want %d", after, len(evs), err, 3-after)
+		}
+	}
+	select {
+	case <-woken:
+		t.Fatal("followers woken before the commit")
+	default:
+	}
+	got, err := l.Commit()
+	if err != nil || len(got) != 3 || got[2].ID != 6 {
+		t.Fatalf("Commit: %+v, %v", got, err)
+	}
+	select {
+	case <-woken:
+	default:
+		t.Fatal("followers not woken by the commit")
+	}
+	if none, err := l.Commit(); none != nil || err != nil {
+		t.Fatalf("a second Commit: %v, %v; want nothing", none, err)
+	}
+	evs, err := l.Since(0, 100)
+	if err != nil || len(evs) != 6 || l.LastID() != 6 {
+		t.Fatalf("after the commit: %d events, last id %d, %v", len(evs), l.LastID(), err)
+	}
+	for i, want := range []string{"stored", "stored", "stored", "a", "b", "c"} {
+		var at contract.AssistantText
+		if json.Unmarshal(evs[i].Data, &at) != nil || at.Text != want || evs[i].ID != int64(i+1) {
+			t.Fatalf("event %d: id %d %s, want %q", i, evs[i].ID, evs[i].Data, want)
+		}
+	}
+
+	// AppendAll publishes what was written before it, ahead of its own.
+	if _, err := l.Write([]contract.Event{newEvent(t, "d")}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = l.AppendAll([]contract.Event{newEvent(t, "e")})
+	if err != nil || len(got) != 2 || got[0].ID != 7 || got[1].ID != 8 || l.LastID() != 8 {
+		t.Fatalf("AppendAll after a Write: %+v, %v, last id %d", got, err, l.LastID())
+	}
+
+	// Close commits what is pending: a reopened log has it.
+	if _, err := l.Write([]contract.Event{newEvent(t, "f")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, rep, err := s.OpenEventLog("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if l2.LastID() != 9 || rep.TornBytes != 0 || rep.BadRecords != 0 {
+		t.Fatalf("reopened: last id %d, %+v; want 9, clean", l2.LastID(), rep)
+	}
+}

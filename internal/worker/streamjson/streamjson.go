@@ -81,6 +81,22 @@ func (r *Reader) Next() ([]byte, error) {
 	}
 }
 
+// HasLine reports whether Next can return a line without reading: a
+// whole non-empty line is buffered.
+func (r *Reader) HasLine() bool {
+	b, _ := r.br.Peek(r.br.Buffered())
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return false
+		}
+		if len(bytes.TrimSpace(b[:i])) > 0 {
+			return true
+		}
+		b = b[i+1:]
+	}
+}
+
 // Message is one parsed stdout line: *SystemInit, *Assistant, *User, *Result,
 // *APIRetry, *TaskStarted, *TaskNotification, *ControlRequest,
 // *ControlResponse or *Unknown.

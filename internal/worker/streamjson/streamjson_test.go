@@ -202,3 +202,32 @@ func TestParseObservedSubagentTurn(t *testing.T) {
 		t.Errorf("Agent tool_result: got %+v", outer)
 	}
 }
+
+// TestHasLineOnlyForAWholeLineAtHand: HasLine is true only when Next would
+// return a line without reading: not for a partial line, nor for empty
+// lines Next would skip before blocking.
+func TestHasLineOnlyForAWholeLineAtHand(t *testing.T) {
+	pr, pw := io.Pipe()
+	r := NewReader(pr)
+	go func() { pw.Write([]byte("{\"a\":1}\n{\"b\":2}\n  \n\n{\"c\"")) }()
+	first, err := r.Next()
+	if err != nil || string(first) != `{"a":1}` {
+		t.Fatalf("first line: %q, %v", first, err)
+	}
+	if !r.HasLine() {
+		t.Fatal("HasLine false with a whole line buffered")
+	}
+	if second, err := r.Next(); err != nil || string(second) != `{"b":2}` {
+		t.Fatalf("second line: %q, %v", second, err)
+	}
+	if r.HasLine() {
+		t.Fatal("HasLine true with only empty lines and a partial one buffered")
+	}
+	go func() { pw.Write([]byte(":3}\n")); pw.Close() }()
+	if third, err := r.Next(); err != nil || string(third) != `{"c":3}` {
+		t.Fatalf("third line: %q, %v", third, err)
+	}
+	if r.HasLine() {
+		t.Fatal("HasLine true at the end")
+	}
+}
