@@ -63,6 +63,8 @@ type rigOptions struct {
 	wrapLeases func(lease.Manager) lease.Manager
 	// shutdownGrace is ShutdownGrace (2 s when zero).
 	shutdownGrace time.Duration
+	// claudeBin replaces the pinned CLI (buildStandin's stand-in).
+	claudeBin string
 }
 
 // testJail is a jail as the worker builds one, with its own control group.
@@ -96,6 +98,9 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	bin, err := claudecli.Find()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.claudeBin != "" {
+		bin = o.claudeBin
 	}
 	if o.volume == "" {
 		o.volume = t.TempDir()

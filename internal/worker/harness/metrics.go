@@ -16,12 +16,14 @@ type metrics struct {
 	limits *prometheus.CounterVec
 	saves  prometheus.Counter
 	walks  prometheus.Counter
+	syncs  prometheus.Counter
 }
 
 // RegisterMetrics registers the harness's metrics with reg: live CLI
 // processes and their cap, turns waiting for a process, loaded
-// conversations, turns by outcome, queued turns, events by type, writes of
-// conversations' state files and walks of their directories.
+// conversations, turns by outcome, queued turns, events by type, syncs of
+// event logs, writes of conversations' state files and walks of their
+// directories.
 func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 	m := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_turns_total",
@@ -33,11 +35,13 @@ func (h *Harness) RegisterMetrics(reg prometheus.Registerer) {
 		limits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "talkide_worker_agent_limit_hits_total",
 			Help: "Times an agent hit one of its limits (memory, processes, disk), by limit."}, []string{"limit"}),
 		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_state_saves_total",
-			Help: "Conversation state files written (each written, synced and renamed into place on the session volume)."}),
+			Help: "Conversation states saved (each written in place into one of its two slots and synced, on the session volume)."}),
+		syncs: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_event_syncs_total",
+			Help: "Syncs of conversations' event logs; events_total over this is how many events a sync stored, on average (more under load: the events of lines the agent wrote together share one sync)."}),
 		walks: prometheus.NewCounter(prometheus.CounterOpts{Name: "talkide_worker_disk_walks_total",
 			Help: "Walks of conversations' directories for the disk limits (the agent is frozen during each)."}),
 	}
-	reg.MustRegister(m.turns, m.queued, m.events, m.limits, m.saves, m.walks,
+	reg.MustRegister(m.turns, m.queued, m.events, m.limits, m.saves, m.walks, m.syncs,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes",
 			Help: "Live Claude Code CLI processes."}, func() float64 { return float64(h.LiveProcesses()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "talkide_worker_cli_processes_max",

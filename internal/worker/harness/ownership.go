@@ -92,6 +92,7 @@ func (s *session) unloadLocked() {
 		delete(s.h.sessions, s.conv)
 	}
 	s.h.mu.Unlock()
+	s.commitLocked()
 	s.log.Close()
 	if s.queued {
 		s.h.slots.dequeue(s)

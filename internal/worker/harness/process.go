@@ -352,6 +352,9 @@ func (s *session) startLocked() (*process, error) {
 		defer s.h.procs.Done()
 		r := streamjson.NewReader(stdout)
 		for {
+			if !r.HasLine() {
+				s.commitEvents() // before waiting for the CLI
+			}
 			line, err := r.Next()
 			if errors.Is(err, streamjson.ErrLineTooLong) {
 				s.h.log.Warn("claude code line over the limit skipped", "conversation", s.conv)
@@ -372,8 +375,9 @@ func (s *session) startLocked() (*process, error) {
 				s.h.log.Warn("unparsable claude code line", "conversation", s.conv, "err", err)
 				continue
 			}
-			s.handle(p, m)
+			s.handle(p, m, r.HasLine())
 		}
+		s.commitEvents()
 		p.closeStdin()
 		err := cmd.Wait()
 		p.exitCode = cmd.ProcessState.ExitCode()

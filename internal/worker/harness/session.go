@@ -40,6 +40,10 @@ type session struct {
 	gone bool
 	// followers counts connected event streams; guarded by mu.
 	followers int
+	// deferSync is set while handle stores a line's events with the
+	// reader's next line at hand: their sync waits (emitAllLocked); guarded
+	// by mu.
+	deferSync bool
 	// pins counts requests between finding the session (Harness.session)
 	// and being done with it (unpin): an idle session is not unloaded
 	// under a request about to use it; guarded by h.mu.
@@ -114,7 +118,10 @@ type newEvent struct {
 }
 
 // emitAllLocked emits events as emitLocked does, stored with one write and
-// one sync (each sync is a disk round trip a turn waits on).
+// one sync (each sync is a disk round trip a turn waits on). While the
+// stdout reader has more lines at hand (deferSync), the sync waits for
+// them (group commit, at most maxUnsynced events): under load one sync
+// then stores many lines' events.
 func (s *session) emitAllLocked(events ...newEvent) {
 	if !s.ownedLocked() {
 		for _, e := range events {
@@ -132,7 +139,7 @@ func (s *session) emitAllLocked(events ...newEvent) {
 		evs = append(evs, ev)
 	}
 	if err == nil {
-		evs, err = s.log.AppendAll(evs)
+		_, err = s.log.Write(evs)
 	}
 	if err != nil {
 		for _, e := range events {
@@ -140,7 +147,29 @@ func (s *session) emitAllLocked(events ...newEvent) {
 		}
 		return
 	}
+	if s.deferSync && s.log.Pending() < maxUnsynced {
+		return
+	}
+	s.commitLocked()
+}
+
+// maxUnsynced bounds the events the stdout reader stores under one sync.
+const maxUnsynced = 256
+
+// commitLocked syncs the events emitted without a sync and publishes them
+// (readers, metrics, the report feed). A failed sync drops them, logged.
+func (s *session) commitLocked() {
+	evs, err := s.log.Commit()
+	if err != nil {
+		for _, ev := range evs {
+			s.h.log.Error("append event", "conversation", s.conv, "type", ev.Type, "err", err)
+		}
+		return
+	}
 	m := s.h.metrics.Load()
+	if m != nil && len(evs) > 0 {
+		m.syncs.Inc()
+	}
 	for _, ev := range evs {
 		if m != nil {
 			m.observe(ev)
@@ -151,10 +180,19 @@ func (s *session) emitAllLocked(events ...newEvent) {
 	}
 }
 
+// commitEvents is commitLocked for the stdout reader, before it waits
+// for the CLI's next line.
+func (s *session) commitEvents() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.commitLocked()
+}
+
 func (s *session) saveLocked() error {
 	if !s.ownedLocked() {
 		return fmt.Errorf("save state of %s: %w", s.conv, ErrNotOwner)
 	}
+	s.commitLocked() // the state never runs ahead of the events before it
 	if err := s.h.store.SaveMeta(s.meta); err != nil {
 		s.h.log.Error("save session state", "conversation", s.conv, "err", err)
 		// The cause names the worker's volume and files: it goes to the log
@@ -313,9 +351,14 @@ func (s *session) resumeModeLocked() (resume bool) {
 }
 
 // handle processes one stdout line of p.
-func (s *session) handle(p *process, m streamjson.Message) {
+//
+// more says the reader has the CLI's next line at hand: the events of this
+// one may wait for its sync (emitAllLocked).
+func (s *session) handle(p *process, m streamjson.Message, more bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.deferSync = more
+	defer func() { s.deferSync = false }()
 	if s.proc != p {
 		return // a line from a process already replaced
 	}

@@ -60,7 +60,7 @@ func translate(t *testing.T, policy string, lines [][]byte) ([]contract.Event, [
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.handle(p, m)
+		s.handle(p, m, false)
 	}
 	var stdin []string
 	for len(p.in) > 0 {

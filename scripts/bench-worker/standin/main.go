@@ -9,6 +9,10 @@
 //
 //	bench lines=10 gap=100ms
 //
+// With burst=1 the assistant lines and the result are written together,
+// with one write (as a CLI's output piles up in its pipe while its reader
+// is busy).
+//
 // Each assistant text is "bench-ts=<unix nanoseconds> i=<n>", the time taken
 // just before the line is written to stdout, so a reader can tell how long
 // the line took to reach it.
@@ -53,10 +57,11 @@ func main() {
 type Script struct {
 	Lines int
 	Gap   time.Duration
+	Burst bool
 }
 
-// ParseScript reads "lines=N gap=D" from text; missing keys keep 3 lines
-// and no gap.
+// ParseScript reads "lines=N gap=D burst=1" from text; missing keys keep
+// 3 lines, no gap and no burst.
 func ParseScript(text string) Script {
 	s := Script{Lines: 3}
 	for f := range strings.FieldsSeq(text) {
@@ -73,6 +78,8 @@ func ParseScript(text string) Script {
 			if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 				s.Gap = d
 			}
+		case "burst":
+			s.Burst = v == "1"
 		}
 	}
 	return s
@@ -156,7 +163,7 @@ func contentText(raw json.RawMessage) string {
 	return strings.Join(parts, "\n")
 }
 
-func turn(emit func([]byte) error, session, cwd string, n int, sc Script) error {
+func turn(emit func([]byte) error, session, cwd string, n int, sc Script) (err error) {
 	start := time.Now()
 	line := func(v any) []byte {
 		b, _ := json.Marshal(v)
@@ -168,6 +175,16 @@ func turn(emit func([]byte) error, session, cwd string, n int, sc Script) error 
 		"tools": []string{}, "mcp_servers": []any{}, "uuid": uuid.NewString(),
 	})); err != nil {
 		return err
+	}
+	if sc.Burst {
+		var all []byte
+		write := emit
+		emit = func(b []byte) error { all = append(all, b...); return nil }
+		defer func() {
+			if err == nil {
+				err = write(all)
+			}
+		}()
 	}
 	msgID := fmt.Sprintf("msg_standin_%d", n)
 	for i := range sc.Lines {

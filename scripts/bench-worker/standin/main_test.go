@@ -64,3 +64,39 @@ func TestTurnParsesAsTheCLIs(t *testing.T) {
 		t.Errorf("got %d assistant texts, want 4", texts)
 	}
 }
+
+// countingWriter counts the writes it is given.
+type countingWriter struct {
+	bytes.Buffer
+	writes int
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	w.writes++
+	return w.Buffer.Write(b)
+}
+
+// TestBurstIsOneWrite: with burst=1 a turn's assistant lines and its
+// result reach stdout in one write (after system/init's own), so a reader
+// finds them all at hand at once.
+func TestBurstIsOneWrite(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		writes int
+	}{
+		{"bench lines=5", 1 + 1 + 5 + 1},
+		{"bench lines=5 burst=1", 1 + 1 + 1},
+	} {
+		in := string(streamjson.ControlRequestLine("init-1", "initialize", nil)) + string(streamjson.UserInput(tc.script, "u1"))
+		var out countingWriter
+		if err := serve(strings.NewReader(in), &out, "sess-1", "/w"); err != nil {
+			t.Fatal(err)
+		}
+		if out.writes != tc.writes {
+			t.Errorf("%q: %d writes, want %d", tc.script, out.writes, tc.writes)
+		}
+		if n := strings.Count(out.String(), "\n"); n != 1+1+5+1 {
+			t.Errorf("%q: %d lines, want 8", tc.script, n)
+		}
+	}
+}
