@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -173,6 +175,47 @@ type Cgroup struct {
 	// dirs are the group's directories: one on v2, one per controller on v1.
 	dirs map[string]string
 	v2   bool
+
+	// counters are the files Counters reads, opened at its first call and
+	// read again from their start at each (an agent's limits are checked
+	// every second: this saves two opens a second per agent); closed by
+	// Remove; guarded by countersMu.
+	countersMu sync.Mutex
+	counters   [2]*counterFile
+}
+
+// counterFile is an open cgroup file of "key value" lines.
+type counterFile struct {
+	path, key string
+	f         *os.File
+}
+
+// read returns the value of the file's key, reading it from its start (a
+// cgroup file shows its current values at each read from offset 0). It
+// opens the file at its first call; a file the host does not have, or
+// cannot read, reads 0 and is tried again next time.
+func (c *counterFile) read() int64 {
+	if c.f == nil {
+		f, err := os.Open(c.path)
+		if err != nil {
+			return 0
+		}
+		c.f = f
+	}
+	var buf [1024]byte
+	n, err := c.f.ReadAt(buf[:], 0)
+	if err != nil && err != io.EOF {
+		c.close()
+		return 0
+	}
+	return keyedValue(buf[:n], c.key)
+}
+
+func (c *counterFile) close() {
+	if c.f != nil {
+		c.f.Close()
+		c.f = nil
+	}
 }
 
 // New creates a group for one process of conv with limits l, named
@@ -270,18 +313,32 @@ type Counters struct {
 }
 
 // Counters reads the group's counters; a counter the host does not keep
-// reads 0.
+// reads 0. It keeps the two files open until Remove.
 func (g *Cgroup) Counters() Counters {
-	var c Counters
-	if g.v2 {
-		d := g.dirs[""]
-		c.OOMKills = keyed(filepath.Join(d, "memory.events"), "oom_kill")
-		c.ProcessLimitHits = keyed(filepath.Join(d, "pids.events"), "max")
-		return c
+	g.countersMu.Lock()
+	defer g.countersMu.Unlock()
+	if g.counters[0] == nil {
+		if g.v2 {
+			d := g.dirs[""]
+			g.counters = [2]*counterFile{{path: filepath.Join(d, "memory.events"), key: "oom_kill"},
+				{path: filepath.Join(d, "pids.events"), key: "max"}}
+		} else {
+			g.counters = [2]*counterFile{{path: filepath.Join(g.dirs["memory"], "memory.oom_control"), key: "oom_kill"},
+				{path: filepath.Join(g.dirs["pids"], "pids.events"), key: "max"}}
+		}
 	}
-	c.OOMKills = keyed(filepath.Join(g.dirs["memory"], "memory.oom_control"), "oom_kill")
-	c.ProcessLimitHits = keyed(filepath.Join(g.dirs["pids"], "pids.events"), "max")
-	return c
+	return Counters{OOMKills: g.counters[0].read(), ProcessLimitHits: g.counters[1].read()}
+}
+
+// closeCounters closes the files Counters keeps open.
+func (g *Cgroup) closeCounters() {
+	g.countersMu.Lock()
+	defer g.countersMu.Unlock()
+	for _, c := range g.counters {
+		if c != nil {
+			c.close()
+		}
+	}
 }
 
 // Processes returns the ids of the processes in the group.
@@ -304,6 +361,7 @@ func (g *Cgroup) Kill() {
 
 // Remove kills what is left in the group and removes it.
 func (g *Cgroup) Remove() {
+	g.closeCounters()
 	for _, d := range g.dirs {
 		_ = resetGroup(d)
 	}
@@ -371,21 +429,31 @@ func readPids(dir string) []int {
 }
 
 // keyed reads "key value" lines and returns the value of key, or 0.
-func keyed(path, key string) int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+// keyedValue returns the value of key in b's "key value" lines, 0 when
+// it has none.
+func keyedValue(b []byte, key string) int64 {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		k, v, ok := bytes.Cut(line, []byte(" "))
+		if ok && string(k) == key {
+			n, _ := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
 			return n
 		}
 	}
 	return 0
+}
+
+func keyed(path, key string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	return keyedValue(b, key)
 }
 
 func single(path string) int64 {

@@ -246,3 +246,40 @@ func TestJailCleanupLeavesTheNextProcessAlone(t *testing.T) {
 	<-exited
 	next.Close()
 }
+
+// TestCgroupCountersSeeLaterHits: Counters keeps its files open and reads
+// them again from their start: hits after its first call are seen by the
+// next.
+func TestCgroupCountersSeeLaterHits(t *testing.T) {
+	j, _, _ := testJail(t, Limits{})
+	g, err := j.Cgroups.New("counters", Limits{Processes: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove()
+	if c := g.Counters(); c.ProcessLimitHits != 0 {
+		t.Fatalf("a new group's process limit hits: %d, want 0", c.ProcessLimitHits)
+	}
+	cmd := exec.Command("/bin/sh", "-c", `read go; i=0; while [ $i -lt 16 ]; do sleep 870052 >/dev/null & i=$((i+1)); done 2>/dev/null; echo forked`)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	in.Write([]byte("go\n"))
+	_ = cmd.Wait()
+	if c := g.Counters(); c.ProcessLimitHits == 0 {
+		t.Errorf("process limit hits after 16 forks under a limit of 4: 0, want > 0 (%q)", out.String())
+	}
+	g.Remove()
+	if left := hostProcesses("sleep 870052"); len(left) > 0 {
+		t.Errorf("the group's processes outlived it: %v", left)
+	}
+}
