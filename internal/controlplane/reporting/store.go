@@ -82,13 +82,22 @@ type execer interface {
 // onceIn is once inside the caller's transaction tx, which it neither
 // commits nor rolls back. ErrKeyReused leaves tx usable; any other error
 // may not (PostgreSQL aborts a transaction at a failed statement).
-func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash string, apply func(ex execer) (any, error)) (json.RawMessage, bool, error) {
+func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash string, apply func(ex execer) (any, error)) (_ json.RawMessage, _ bool, err error) {
 	q := s.db.Q
+	// A tool event, usage or activity report is answered with its key
+	// alone: its receipt is written whole at once, with no update after.
+	var known []byte
+	switch kind {
+	case contract.ReportKindToolEvent, contract.ReportKindUsage, contract.ReportKindActivity:
+		if known, err = json.Marshal(contract.ReportAck{IdempotencyKey: key}); err != nil {
+			return nil, false, fmt.Errorf("store %s report: %w", kind, err)
+		}
+	}
 	// Concurrent deliveries of one key: on PostgreSQL the second INSERT
 	// waits for the first transaction and then inserts nothing; SQLite
 	// serialises write transactions.
 	res, err := tx.ExecContext(ctx, q(`INSERT INTO report_receipts (tenant, env, conversation_id, idempotency_key, kind, body_sha256, response, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, '', ?) ON CONFLICT DO NOTHING`), sc.Tenant, sc.Env, sc.Conversation, key, kind, hash, controlstore.Millis(s.now()))
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`), sc.Tenant, sc.Env, sc.Conversation, key, kind, hash, string(known), controlstore.Millis(s.now()))
 	if err != nil {
 		return nil, false, fmt.Errorf("store %s report: %w", kind, err)
 	}
@@ -107,6 +116,9 @@ func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash
 	ans, err := apply(tx)
 	if err != nil {
 		return nil, false, err
+	}
+	if known != nil {
+		return known, false, nil
 	}
 	b, err := json.Marshal(ans)
 	if err != nil {
