@@ -30,11 +30,18 @@ type latencies struct {
 type activeResult struct {
 	active           int
 	direct, platform latencies
+	split            latencySplit
 	// workerCPU and benchCPU are the CPU time the worker process and this
 	// one (the control plane, the development upstream and the browser
 	// streams' readers) used in the platform's measured window.
 	workerCPU, benchCPU time.Duration
 }
+
+// latencySplit divides the platform's latencies at each event's time
+// (taken by the worker when it has parsed the stand-in's line, before
+// storing it): toWorker is before, after is the store, the relays and the
+// reads.
+type latencySplit struct{ toWorker, after latencies }
 
 // cpuPerEvent is d per event of l, in microseconds.
 func cpuPerEvent(d time.Duration, l latencies) float64 {
@@ -73,7 +80,7 @@ func benchActive(o options, work, standin string) (activeResult, error) {
 		return r, err
 	}
 	defer p.close()
-	if r.platform, r.workerCPU, r.benchCPU, err = activePlatform(o, p, script, cc.PprofAddr); err != nil {
+	if r.platform, r.workerCPU, r.benchCPU, err = activePlatform(o, p, script, cc.PprofAddr, &r.split); err != nil {
 		return r, fmt.Errorf("platform: %w", err)
 	}
 	fmt.Printf("%-10s %8s %10s %10s %12s\n", "kind", "events", "p50_ms", "p99_ms", "events_per_s")
@@ -83,6 +90,8 @@ func benchActive(o options, work, standin string) (activeResult, error) {
 	}{{"direct", r.direct}, {"platform", r.platform}} {
 		fmt.Printf("%-10s %8d %10.2f %10.2f %12.0f\n", k.name, k.l.n, ms(k.l.p50), ms(k.l.p99), k.l.perSecond)
 	}
+	fmt.Printf("# platform's latency split at the worker's event time: to the worker p50 %.2f ms p99 %.2f ms; from there to the browser p50 %.2f ms p99 %.2f ms\n",
+		ms(r.split.toWorker.p50), ms(r.split.toWorker.p99), ms(r.split.after.p50), ms(r.split.after.p99))
 	fmt.Printf("# direct: the bench reads each stand-in's stdout pipe; platform: stand-in → worker (stored, fsynced) → control plane → browser SSE; latency from the stand-in's write to the bench's read\n")
 	fmt.Printf("# CPU in the platform's measured window (%d events): worker %s (%.0f µs per event), control plane with the upstream and the readers %s (%.0f µs per event)\n",
 		r.platform.events, r.workerCPU.Round(time.Millisecond), cpuPerEvent(r.workerCPU, r.platform),
@@ -212,8 +221,9 @@ func activeDirect(o options, work, standin, script string) (latencies, error) {
 }
 
 // activePlatform runs the same turns through the platform: messages sent
-// through the browser API, events read from the browser streams.
-func activePlatform(o options, p *platform, script, pprofAddr string) (l latencies, workerCPU, benchCPU time.Duration, err error) {
+// through the browser API, events read from the browser streams. It
+// fills sp with the latencies' split.
+func activePlatform(o options, p *platform, script, pprofAddr string, sp *latencySplit) (l latencies, workerCPU, benchCPU time.Duration, err error) {
 	type conv struct {
 		id   string
 		body io.Closer
@@ -246,9 +256,17 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (l latenci
 	}
 	var prof func() error
 	var w0, b0 procStats
+	var split struct {
+		sync.Mutex
+		measuring       bool
+		toWorker, after []time.Duration
+	}
 	onMeasure := func() {
 		w0, _ = readProc(p.w.pid())
 		b0, _ = readProc(os.Getpid())
+		split.Lock()
+		split.measuring = true
+		split.Unlock()
 	}
 	if pprofAddr != "" {
 		d := time.Duration(o.rounds)*time.Duration(o.lines)*o.gap - time.Second
@@ -291,6 +309,12 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (l latenci
 				}
 				if t, ok := sentAt(at.Text); ok {
 					ds = append(ds, now.Sub(t))
+					split.Lock()
+					if split.measuring {
+						split.toWorker = append(split.toWorker, ev.Time.Sub(t))
+						split.after = append(split.after, now.Sub(ev.Time))
+					}
+					split.Unlock()
 				}
 			case contract.EventTurnCompleted:
 				return ds, n, nil
@@ -301,6 +325,8 @@ func activePlatform(o options, p *platform, script, pprofAddr string) (l latenci
 	})
 	w1, _ := readProc(p.w.pid())
 	b1, _ := readProc(os.Getpid())
+	sp.toWorker = latencies{p50: pct(split.toWorker, 50), p99: pct(split.toWorker, 99), n: len(split.toWorker)}
+	sp.after = latencies{p50: pct(split.after, 50), p99: pct(split.after, 99), n: len(split.after)}
 	if prof != nil {
 		if perr := prof(); perr != nil {
 			fmt.Printf("# pprof: %v\n", perr)
