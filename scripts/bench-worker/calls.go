@@ -49,10 +49,22 @@ func (l *callLog) within(from, to time.Time) []modelCall {
 }
 
 // turnParts splits a turn from sent to done with its model calls: before
-// the first call, in the calls, between them, after the last.
-type turnParts struct{ before, calls, between, after time.Duration }
+// the first call, in the calls, between them, after the last. For a turn of
+// two calls with its tool call seen (hasTool), between is split further at
+// the tool_use and the tool_result: toUse from the first call's end to the
+// tool_use, tool from there to the tool_result, toCall from there to the
+// second call's start.
+type turnParts struct {
+	before, calls, between, after time.Duration
+	hasTool                       bool
+	toUse, tool, toCall           time.Duration
+}
 
-func split(sent, done time.Time, calls []modelCall) (turnParts, bool) {
+// toolMarks are when a turn's tool_use and tool_result were seen (zero
+// when not).
+type toolMarks struct{ use, result time.Time }
+
+func split(sent, done time.Time, calls []modelCall, m toolMarks) (turnParts, bool) {
 	if len(calls) == 0 {
 		return turnParts{}, false
 	}
@@ -62,6 +74,10 @@ func split(sent, done time.Time, calls []modelCall) (turnParts, bool) {
 		if i > 0 {
 			p.between += c.start.Sub(calls[i-1].end)
 		}
+	}
+	if len(calls) == 2 && !m.use.IsZero() && !m.result.IsZero() {
+		p.hasTool = true
+		p.toUse, p.tool, p.toCall = m.use.Sub(calls[0].end), m.result.Sub(m.use), calls[1].start.Sub(m.result)
 	}
 	return p, true
 }

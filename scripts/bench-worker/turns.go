@@ -71,24 +71,37 @@ func benchTurns(o options, work string) (turnsResult, error) {
 	// API took to accept the message and how long until its turn_started
 	// reached the browser stream.
 	var accepted, started []time.Duration
-	platformTurn := func(text string) (time.Duration, error) {
+	// The tool call's marks are the worker's times of its events (taken as
+	// it parsed the CLI's lines).
+	platformTurn := func(text string) (time.Duration, toolMarks, error) {
+		var m toolMarks
 		t := time.Now()
 		if _, err := p.api("POST", "/api/conversations/"+conv+"/messages", map[string]string{"text": text}, nil); err != nil {
-			return 0, err
+			return 0, m, err
 		}
 		accepted = append(accepted, time.Since(t))
 		for {
 			e, err := stream.Next()
 			if err != nil {
-				return 0, err
+				return 0, m, err
 			}
 			switch contract.EventType(e.Type) {
 			case contract.EventTurnStarted:
 				started = append(started, time.Since(t))
+			case contract.EventToolUse, contract.EventToolResult:
+				var ev contract.Event
+				if err := json.Unmarshal(e.Data, &ev); err != nil {
+					return 0, m, err
+				}
+				if ev.Type == contract.EventToolUse {
+					m.use = ev.Time
+				} else {
+					m.result = ev.Time
+				}
 			case contract.EventTurnCompleted:
-				return time.Since(t), nil
+				return time.Since(t), m, nil
 			case contract.EventTurnFailed:
-				return 0, fmt.Errorf("turn failed: %s", e.Data)
+				return 0, m, fmt.Errorf("turn failed: %s", e.Data)
 			}
 		}
 	}
@@ -98,7 +111,7 @@ func benchTurns(o options, work string) (turnsResult, error) {
 	for i := range o.warmup + o.turns {
 		text := fmt.Sprintf("please run `echo bench-turn-%d`", i)
 		// Alternate which goes first, so neither always follows the other.
-		kinds := []func(string) (time.Duration, error){d.turn, platformTurn}
+		kinds := []func(string) (time.Duration, toolMarks, error){d.turn, platformTurn}
 		outs := []*[]time.Duration{&ds, &ps}
 		parts := []*[]turnParts{&dparts, &pparts}
 		if i%2 == 1 {
@@ -108,13 +121,13 @@ func benchTurns(o options, work string) (turnsResult, error) {
 		}
 		for k, f := range kinds {
 			sent := time.Now()
-			dt, err := f(text)
+			dt, marks, err := f(text)
 			if err != nil {
 				return r, err
 			}
 			if i >= o.warmup {
 				*outs[k] = append(*outs[k], dt)
-				if tp, ok := split(sent, time.Now(), modelCalls.within(sent, time.Now())); ok {
+				if tp, ok := split(sent, time.Now(), modelCalls.within(sent, time.Now()), marks); ok {
 					*parts[k] = append(*parts[k], tp)
 				}
 			}
@@ -135,10 +148,12 @@ func benchTurns(o options, work string) (turnsResult, error) {
 	fmt.Printf("# added per turn (medians) %.1f ms, ratio %.2f\n", ms(r.platform-r.direct), r.ratio)
 	// Where the time goes: the parts of a turn, split at the model calls
 	// as the upstream saw them (medians of each part).
-	part := func(ps []turnParts, f func(turnParts) time.Duration) float64 {
+	part := func(ps []turnParts, f func(turnParts) time.Duration, toolOnly bool) float64 {
 		var d []time.Duration
 		for _, p := range ps {
-			d = append(d, f(p))
+			if p.hasTool || !toolOnly {
+				d = append(d, f(p))
+			}
 		}
 		return ms(pct(d, 50))
 	}
@@ -146,13 +161,17 @@ func benchTurns(o options, work string) (turnsResult, error) {
 	for _, k := range []struct {
 		name string
 		f    func(turnParts) time.Duration
+		tool bool
 	}{
-		{"message sent → first model call", func(p turnParts) time.Duration { return p.before }},
-		{"in model calls (upstream's view)", func(p turnParts) time.Duration { return p.calls }},
-		{"between calls (tool, next call in)", func(p turnParts) time.Duration { return p.between }},
-		{"last call answered → turn seen done", func(p turnParts) time.Duration { return p.after }},
+		{"message sent → first model call", func(p turnParts) time.Duration { return p.before }, false},
+		{"in model calls (upstream's view)", func(p turnParts) time.Duration { return p.calls }, false},
+		{"between calls (tool, next call in)", func(p turnParts) time.Duration { return p.between }, false},
+		{"  first call answered → tool_use", func(p turnParts) time.Duration { return p.toUse }, true},
+		{"  tool_use → tool_result", func(p turnParts) time.Duration { return p.tool }, true},
+		{"  tool_result → second call", func(p turnParts) time.Duration { return p.toCall }, true},
+		{"last call answered → turn seen done", func(p turnParts) time.Duration { return p.after }, false},
 	} {
-		dv, pv := part(dparts, k.f), part(pparts, k.f)
+		dv, pv := part(dparts, k.f, k.tool), part(pparts, k.f, k.tool)
 		fmt.Printf("%-36s %10.1f %10.1f %+10.1f\n", k.name, dv, pv, pv-dv)
 	}
 	fmt.Printf("# platform: the browser API accepted a message in %.1f ms and its turn_started reached the browser stream %.1f ms after it was sent (medians)\n",
@@ -229,20 +248,32 @@ func startDirectCLI(bin, dir, upstream string) (*directCLI, error) {
 	return d, nil
 }
 
-func (d *directCLI) turn(text string) (time.Duration, error) {
+// turn runs one turn; the tool call's marks are when the bench read the
+// lines with the tool_use and the tool_result.
+func (d *directCLI) turn(text string) (time.Duration, toolMarks, error) {
+	var tm toolMarks
 	t := time.Now()
 	if _, err := d.in.Write(streamjson.UserInput(text, uuid.NewString())); err != nil {
-		return 0, err
+		return 0, tm, err
 	}
 	for m := range d.lines {
-		if res, ok := m.(*streamjson.Result); ok {
-			if res.IsError {
-				return 0, fmt.Errorf("direct turn failed: %s %v", res.Result, res.Errors)
+		switch m := m.(type) {
+		case *streamjson.Assistant:
+			for _, b := range m.Message.Blocks() {
+				if b.Type == "tool_use" {
+					tm.use = time.Now()
+				}
 			}
-			return time.Since(t), nil
+		case *streamjson.User:
+			tm.result = time.Now()
+		case *streamjson.Result:
+			if m.IsError {
+				return 0, tm, fmt.Errorf("direct turn failed: %s %v", m.Result, m.Errors)
+			}
+			return time.Since(t), tm, nil
 		}
 	}
-	return 0, fmt.Errorf("the CLI exited")
+	return 0, tm, fmt.Errorf("the CLI exited")
 }
 
 func (d *directCLI) close() {
