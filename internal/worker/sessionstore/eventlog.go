@@ -37,8 +37,9 @@ type RepairReport struct {
 // EventLog is one conversation's append-only event log. Append assigns the
 // next sequence id and writes the event durably (fsync) before returning, so
 // anything streamed from the log was stored first. A writer with several
-// events at hand may Write them as they come and Commit them with one sync;
-// readers see them only then. It is safe for concurrent use.
+// events at hand may Write them as they come and Commit them with one write
+// and one sync; they reach the file, and readers, only then. It is safe for
+// concurrent use.
 type EventLog struct {
 	path string
 	conv string
@@ -61,10 +62,10 @@ type EventLog struct {
 	// keep is the retention bound (0: none); count the events in the file;
 	// guarded by mu.
 	keep, count int
-	// pending are events written by Write but not yet synced nor shown to
-	// readers, the first at offset pendingOff; guarded by mu.
+	// pending are events given to Write and not yet committed, pendingBuf
+	// their encoded lines; guarded by mu.
 	pending    []contract.Event
-	pendingOff int64
+	pendingBuf []byte
 }
 
 // ErrClosed is returned by Append on a closed log.
@@ -217,8 +218,8 @@ func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 }
 
 // AppendAll appends evs as Append does, in order under consecutive ids,
-// with one write and one sync. Events written before with Write are synced
-// and published with them, ahead of them. On an error none is stored or
+// with one write and one sync. Events given to Write before are stored and
+// published with them, ahead of them. On an error none of them is stored or
 // published and no id is used; a crash during the write may keep a prefix
 // of them (the torn record after it is cut when the log is next opened). It
 // returns the stored events, Write's first.
@@ -238,34 +239,44 @@ func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
 	return stored, nil
 }
 
-// Write appends evs to the file under the next ids without syncing them,
-// for a writer with more events at hand (group commit): they stay pending,
-// invisible to readers, until Commit or AppendAll syncs and publishes them
-// with one sync. It returns the events with their ids. On an error none of
-// evs is written and no id is used; events pending before stay pending.
-// A crash before the sync may keep them or not; either way the ids of kept
-// events were never shown to a reader.
+// Write gives evs their ids (the next ones, after the events given before
+// and not yet committed) and keeps them, encoded, for Commit: a writer with
+// more events at hand stores them all with one write and one sync (group
+// commit). Nothing reaches the file before Commit, so no reader, in this
+// process or another, sees them before they are stored. It returns the
+// events with their ids; on an error (an event that cannot be encoded, a
+// closed log) none of evs is kept and no id is used.
 func (l *EventLog) Write(evs []contract.Event) ([]contract.Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.writeLocked(evs)
 }
 
-// Pending is how many events Write left for Commit.
+// Pending is how many events Write keeps for Commit.
 func (l *EventLog) Pending() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.pending)
 }
 
-// Commit syncs the events Write left pending and publishes them to readers.
-// It returns them (none when nothing was pending). On an error it returns
-// them with the error: they are cut from the file and none of their ids is
-// used.
+// Commit writes the events Write kept, syncs them and publishes them to
+// readers. It returns them (none when nothing was kept). On an error it
+// returns them with the error: none is stored (a partial write is cut
+// off) and none of their ids is used.
 func (l *EventLog) Commit() ([]contract.Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.commitLocked()
+}
+
+// Discard drops the events Write kept, unstored and their ids unused, and
+// returns them (for a writer that lost the right to write the log).
+func (l *EventLog) Discard() []contract.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	evs := l.pending
+	l.pending, l.pendingBuf = nil, l.pendingBuf[:0]
+	return evs
 }
 
 func (l *EventLog) writeLocked(evs []contract.Event) ([]contract.Event, error) {
@@ -277,7 +288,7 @@ func (l *EventLog) writeLocked(evs []contract.Event) ([]contract.Event, error) {
 	}
 	next := l.lastID + int64(len(l.pending)) + 1
 	stored := make([]contract.Event, len(evs))
-	var b []byte
+	b := l.pendingBuf
 	for i, ev := range evs {
 		ev.ID = next + int64(i)
 		ev.ConversationID = l.conv
@@ -288,17 +299,7 @@ func (l *EventLog) writeLocked(evs []contract.Event) ([]contract.Event, error) {
 		b = append(append(b, line...), '\n')
 		stored[i] = ev
 	}
-	off, err := l.f.Seek(0, io.SeekCurrent)
-	if err != nil {
-		return nil, fmt.Errorf("append event: %w", err)
-	}
-	if _, err := l.f.Write(b); err != nil {
-		l.cutLocked(off) // drop a partial record so the log stays well-formed
-		return nil, fmt.Errorf("append event: %w", err)
-	}
-	if len(l.pending) == 0 {
-		l.pendingOff = off
-	}
+	l.pendingBuf = b
 	l.pending = append(l.pending, stored...)
 	return stored, nil
 }
@@ -307,10 +308,21 @@ func (l *EventLog) commitLocked() ([]contract.Event, error) {
 	if len(l.pending) == 0 {
 		return nil, nil
 	}
-	evs := l.pending
-	l.pending = nil
+	evs, b := l.pending, l.pendingBuf
+	l.pending, l.pendingBuf = nil, l.pendingBuf[:0]
+	if cap(l.pendingBuf) > maxKeptBuffer {
+		l.pendingBuf = nil
+	}
+	off, err := l.f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return evs, fmt.Errorf("append event: %w", err)
+	}
+	if _, err := l.f.Write(b); err != nil {
+		l.cutLocked(off) // drop a partial record so the log stays well-formed
+		return evs, fmt.Errorf("append event: %w", err)
+	}
 	if err := l.f.Sync(); err != nil {
-		l.cutLocked(l.pendingOff)
+		l.cutLocked(off)
 		return evs, fmt.Errorf("append event: %w", err)
 	}
 	for _, ev := range evs {
@@ -325,6 +337,10 @@ func (l *EventLog) commitLocked() ([]contract.Event, error) {
 	_ = l.compactLocked()
 	return evs, nil
 }
+
+// maxKeptBuffer bounds the encoding buffer a log keeps between commits
+// (a larger one, from a burst of big events, is let go).
+const maxKeptBuffer = 256 << 10
 
 // cutLocked truncates the file at off, where the next record goes.
 func (l *EventLog) cutLocked(off int64) {
@@ -458,7 +474,7 @@ func (l *EventLog) Since(after int64, max int) ([]contract.Event, error) {
 }
 
 // readFile reads up to max events with after < id <= last from the file
-// (last keeps out events written but not yet committed).
+// (last keeps out a record being appended, not yet synced).
 func (l *EventLog) readFile(after int64, max int, last int64) ([]contract.Event, error) {
 	f, err := os.Open(l.path)
 	if err != nil {

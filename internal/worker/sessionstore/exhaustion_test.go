@@ -133,6 +133,14 @@ func TestAppendOnAFullDiskLeavesTheLogWellFormed(t *testing.T) {
 	if _, err := l.AppendAll([]contract.Event{ev("fits"), ev(strings.Repeat("y", 64<<10))}); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("append of two on a full disk: %v, want ENOSPC", err)
 	}
+	// Kept by Write, refused at their Commit: returned with the error, none
+	// stored.
+	if _, err := l.Write([]contract.Event{ev("kept"), ev(strings.Repeat("z", 64<<10))}); err != nil {
+		t.Fatalf("Write on a full disk (nothing is written yet): %v", err)
+	}
+	if dropped, err := l.Commit(); !errors.Is(err, syscall.ENOSPC) || len(dropped) != 2 || l.Pending() != 0 {
+		t.Fatalf("Commit on a full disk: %d events back, %v, pending %d; want 2, ENOSPC, 0", len(dropped), err, l.Pending())
+	}
 	if evs, _ := l.Since(0, 10); len(evs) != 1 || l.LastID() != 1 {
 		t.Fatalf("events after the failed appends: %d (last id %d), want only the first", len(evs), l.LastID())
 	}

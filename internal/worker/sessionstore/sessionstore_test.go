@@ -295,11 +295,12 @@ func TestAppendAllStoresInOrder(t *testing.T) {
 	}
 }
 
-// TestWrittenEventsWaitForTheirCommit: events given to Write are in the
-// file but no reader sees them (not Since from memory, not Since from the
-// file beyond memory, not LastID, and followers are not woken) until
-// Commit, which publishes them in order with the ids Write gave. AppendAll
-// commits them ahead of its own, and Close commits what is left.
+// TestWrittenEventsWaitForTheirCommit: no reader sees events given to
+// Write (not Since from memory, not Since from the file beyond memory, not
+// another process's reader of the file, not LastID, and followers are not
+// woken) until Commit, which stores and publishes them in order with the
+// ids Write gave. Discard drops them; AppendAll commits them ahead of its
+// own, and Close commits what is left.
 func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
 	s, _ := Open(t.TempDir())
 	s.RecentEvents = 2 // so older reads go to the file
@@ -328,6 +329,14 @@ func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
 			t.Fatalf("Since(%d) before the commit: %d events (%v), want %d", after, len(evs), err, 3-after)
 		}
 	}
+	// Another process's reader (a replica's report feed) reads the file.
+	other, err := s.OpenEventLogReader("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := other.Since(0, 100); err != nil || len(evs) != 3 {
+		t.Fatalf("another reader before the commit: %d events (%v), want 3", len(evs), err)
+	}
 	select {
 	case <-woken:
 		t.Fatal("followers woken before the commit")
@@ -354,6 +363,18 @@ func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
 		if json.Unmarshal(evs[i].Data, &at) != nil || at.Text != want || evs[i].ID != int64(i+1) {
 			t.Fatalf("event %d: id %d %s, want %q", i, evs[i].ID, evs[i].Data, want)
 		}
+	}
+
+	if evs, err := other.Since(0, 100); err != nil || len(evs) != 6 {
+		t.Fatalf("another reader after the commit: %d events (%v), want 6", len(evs), err)
+	}
+
+	// Discard drops what Write kept: its ids are used again.
+	if _, err := l.Write([]contract.Event{newEvent(t, "dropped")}); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Discard(); len(d) != 1 || d[0].ID != 7 || l.Pending() != 0 {
+		t.Fatalf("Discard: %+v, pending %d", d, l.Pending())
 	}
 
 	// AppendAll publishes what was written before it, ahead of its own.
