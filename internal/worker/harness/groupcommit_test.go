@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"context"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -9,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talkide/talkide/internal/contract"
+	"github.com/talkide/talkide/internal/worker/sessionstore"
+	"github.com/talkide/talkide/internal/worker/streamjson"
 )
 
 // buildStandin builds bench-worker's stand-in CLI, which answers the
@@ -71,5 +75,97 @@ func TestLinesWrittenTogetherShareASync(t *testing.T) {
 	}
 	if last, err := r.h.Status("c1"); err != nil || last.LastEventID != got[len(got)-1].ID {
 		t.Errorf("status says last event %d (%v), the stream %d", last.LastEventID, err, got[len(got)-1].ID)
+	}
+}
+
+// TestKeptEventsAreStoredOnlyWhileOwned: events the stdout reader kept for
+// its next sync are stored when the session unloads while it owns the
+// conversation, and never written when it lost it (another replica may be
+// writing the log by then).
+func TestKeptEventsAreStoredOnlyWhileOwned(t *testing.T) {
+	r := startRig(t, rigOptions{noJail: true})
+	for _, tc := range []struct {
+		conv  string
+		owned bool
+	}{{"kept-owned", true}, {"kept-lost", false}} {
+		mustCreate(t, r.h, tc.conv)
+		r.follow(t, tc.conv) // loads it
+		var s *session
+		waitFor(t, "the session loaded", 10*time.Second, func() bool {
+			r.h.mu.Lock()
+			defer r.h.mu.Unlock()
+			s = r.h.sessions[tc.conv]
+			return s != nil && s.held != nil
+		})
+		s.mu.Lock()
+		s.deferSync = true // as the reader does with the next line at hand
+		s.emitLocked(contract.EventAssistantText, contract.AssistantText{Text: "kept for the next sync"})
+		s.deferSync = false
+		pending := s.log.Pending()
+		s.mu.Unlock()
+		if pending != 1 {
+			t.Fatalf("%s: %d events kept, want 1", tc.conv, pending)
+		}
+		if !tc.owned {
+			if err := s.held.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.lose()
+		l, err := r.h.store.OpenEventLogReader(tc.conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := l.Since(0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := false
+		for _, ev := range evs {
+			stored = stored || ev.Type == contract.EventAssistantText
+		}
+		if stored != tc.owned {
+			t.Errorf("%s: the kept event stored: %v, want %v", tc.conv, stored, tc.owned)
+		}
+	}
+}
+
+// TestAnAllowedToolRunsWithItsCallStored: while the reader keeps events
+// for a later sync, a tool call it lets run (the answer to can_use_tool
+// under the allow policy) first stores what the CLI said before, and its
+// tool_use is stored at once: a crash never leaves a tool that ran
+// without its call on record longer than a sync.
+func TestAnAllowedToolRunsWithItsCallStored(t *testing.T) {
+	store, err := sessionstore.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _, err := store.OpenEventLog("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = log.Close() })
+	h := &Harness{store: store, log: slog.New(slog.DiscardHandler), cfg: Config{PermissionPolicy: PolicyAllow, PermissionTimeout: time.Hour}}
+	s := &session{h: h, conv: "c", log: log, meta: &sessionstore.Meta{ConversationID: "c", UserID: "u"}}
+	p := &process{in: make(chan []byte, 64), done: make(chan struct{})}
+	s.proc = p
+	kept, answers := false, 0
+	for _, l := range subagentLines(t) {
+		m, err := streamjson.Parse(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.handle(p, m, true) // the next line always at hand
+		if c, ok := m.(*streamjson.ControlRequest); ok && c.Subtype() == "can_use_tool" {
+			answers++
+			if n := log.Pending(); n != 0 {
+				t.Errorf("after letting a tool run: %d events not stored", n)
+			}
+		} else if log.Pending() > 0 {
+			kept = true
+		}
+	}
+	if answers == 0 || !kept {
+		t.Fatalf("the lines let %d tools run and kept events %v: the test sees nothing", answers, kept)
 	}
 }

@@ -86,13 +86,15 @@ func (s *session) unloadLocked() {
 	if s.gone {
 		return
 	}
+	// What the reader kept is stored while the session is still found
+	// (dropped if it is no longer ours).
+	s.commitLocked()
 	s.gone = true
 	s.h.mu.Lock()
 	if s.h.sessions[s.conv] == s {
 		delete(s.h.sessions, s.conv)
 	}
 	s.h.mu.Unlock()
-	s.commitLocked()
 	s.log.Close()
 	if s.queued {
 		s.h.slots.dequeue(s)

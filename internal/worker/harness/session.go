@@ -156,9 +156,18 @@ func (s *session) emitAllLocked(events ...newEvent) {
 // maxUnsynced bounds the events the stdout reader stores under one sync.
 const maxUnsynced = 256
 
-// commitLocked syncs the events emitted without a sync and publishes them
-// (readers, metrics, the report feed). A failed sync drops them, logged.
+// commitLocked stores the events emitted without a sync (one write, one
+// sync) and publishes them (readers, metrics, the report feed). A failed
+// write or sync drops them, logged; so does a session no longer owned.
 func (s *session) commitLocked() {
+	if !s.ownedLocked() {
+		// Another replica may own the log by now: what this one kept is
+		// never written.
+		for _, ev := range s.log.Discard() {
+			s.h.log.Warn("event dropped: conversation no longer owned", "conversation", s.conv, "type", ev.Type)
+		}
+		return
+	}
 	evs, err := s.log.Commit()
 	if err != nil {
 		for _, ev := range evs {
@@ -430,12 +439,15 @@ func (s *session) handle(p *process, m streamjson.Message, more bool) {
 			ask := s.h.cfg.PermissionPolicy == PolicyAsk
 			if !ask {
 				// Allowed without asking: the tool runs while its call is
-				// stored (its result is stored after it either way).
+				// stored (its result is stored after it either way). What
+				// the CLI said before is stored before the tool runs.
+				s.commitLocked()
 				p.send(answerControl(m))
 			}
 			// The client sees the call before any request about it.
 			if u, ok := s.calls.asked(m); ok {
 				s.emitLocked(contract.EventToolUse, u)
+				s.commitLocked() // a tool that runs is on record at once
 			}
 			if ask {
 				s.askToUseToolLocked(p, m)
