@@ -179,9 +179,11 @@ type Cgroup struct {
 	// counters are the files Counters reads, opened at its first call and
 	// read again from their start at each (an agent's limits are checked
 	// every second: this saves two opens a second per agent); closed by
-	// Remove; guarded by countersMu.
+	// Remove, after which Counters reads 0 and opens nothing; guarded by
+	// countersMu.
 	countersMu sync.Mutex
 	counters   [2]*counterFile
+	removed    bool
 }
 
 // counterFile is an open cgroup file of "key value" lines.
@@ -313,10 +315,14 @@ type Counters struct {
 }
 
 // Counters reads the group's counters; a counter the host does not keep
-// reads 0. It keeps the two files open until Remove.
+// reads 0, and so does every counter after Remove. It keeps the two files
+// open until Remove.
 func (g *Cgroup) Counters() Counters {
 	g.countersMu.Lock()
 	defer g.countersMu.Unlock()
+	if g.removed {
+		return Counters{}
+	}
 	if g.counters[0] == nil {
 		if g.v2 {
 			d := g.dirs[""]
@@ -330,10 +336,11 @@ func (g *Cgroup) Counters() Counters {
 	return Counters{OOMKills: g.counters[0].read(), ProcessLimitHits: g.counters[1].read()}
 }
 
-// closeCounters closes the files Counters keeps open.
+// closeCounters closes the files Counters keeps open, for good.
 func (g *Cgroup) closeCounters() {
 	g.countersMu.Lock()
 	defer g.countersMu.Unlock()
+	g.removed = true
 	for _, c := range g.counters {
 		if c != nil {
 			c.close()

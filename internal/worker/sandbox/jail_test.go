@@ -249,7 +249,7 @@ func TestJailCleanupLeavesTheNextProcessAlone(t *testing.T) {
 
 // TestCgroupCountersSeeLaterHits: Counters keeps its files open and reads
 // them again from their start: hits after its first call are seen by the
-// next.
+// next. After Remove it reads zeros and opens nothing.
 func TestCgroupCountersSeeLaterHits(t *testing.T) {
 	j, _, _ := testJail(t, Limits{})
 	g, err := j.Cgroups.New("counters", Limits{Processes: 4})
@@ -281,5 +281,9 @@ func TestCgroupCountersSeeLaterHits(t *testing.T) {
 	g.Remove()
 	if left := hostProcesses("sleep 870052"); len(left) > 0 {
 		t.Errorf("the group's processes outlived it: %v", left)
+	}
+	// A late limit check (the watch's last tick) opens nothing again.
+	if c := g.Counters(); c != (Counters{}) || g.counters[0].f != nil || g.counters[1].f != nil {
+		t.Errorf("Counters after Remove: %+v, files open %v %v; want zeros and none", c, g.counters[0].f != nil, g.counters[1].f != nil)
 	}
 }
