@@ -2,7 +2,6 @@ package harness
 
 import (
 	"context"
-	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/talkide/talkide/internal/contract"
-	"github.com/talkide/talkide/internal/worker/sessionstore"
 	"github.com/talkide/talkide/internal/worker/streamjson"
 )
 
@@ -136,19 +134,8 @@ func TestKeptEventsAreStoredOnlyWhileOwned(t *testing.T) {
 // tool_use is stored at once: a crash never leaves a tool that ran
 // without its call on record longer than a sync.
 func TestAnAllowedToolRunsWithItsCallStored(t *testing.T) {
-	store, err := sessionstore.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, _, err := store.OpenEventLog("c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = log.Close() })
-	h := &Harness{store: store, log: slog.New(slog.DiscardHandler), cfg: Config{PermissionPolicy: PolicyAllow, PermissionTimeout: time.Hour}}
-	s := &session{h: h, conv: "c", log: log, meta: &sessionstore.Meta{ConversationID: "c", UserID: "u"}}
-	p := &process{in: make(chan []byte, 64), done: make(chan struct{})}
-	s.proc = p
+	s, p := lineSession(t, PolicyAllow, nil)
+	log := s.log
 	kept, answers := false, 0
 	for _, l := range subagentLines(t) {
 		m, err := streamjson.Parse(l)

@@ -37,24 +37,9 @@ func subagentLines(t *testing.T) [][]byte {
 // The session runs no CLI: only the translation of its output is under test.
 func translate(t *testing.T, policy string, lines [][]byte) ([]contract.Event, []string) {
 	t.Helper()
-	store, err := sessionstore.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, _, err := store.OpenEventLog("c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = log.Close() })
 	var mu sync.Mutex
 	var evs []contract.Event
-	h := &Harness{store: store, log: slog.New(slog.DiscardHandler), cfg: Config{
-		PermissionPolicy: policy, PermissionTimeout: time.Hour,
-		OnEvent: func(ev contract.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() },
-	}}
-	s := &session{h: h, conv: "c", log: log, meta: &sessionstore.Meta{ConversationID: "c", UserID: "u"}}
-	p := &process{in: make(chan []byte, 64), done: make(chan struct{})}
-	s.proc = p
+	s, p := lineSession(t, policy, func(ev contract.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
 	for _, l := range lines {
 		m, err := streamjson.Parse(l)
 		if err != nil {
@@ -69,6 +54,29 @@ func translate(t *testing.T, policy string, lines [][]byte) ([]contract.Event, [
 	mu.Lock()
 	defer mu.Unlock()
 	return append([]contract.Event(nil), evs...), stdin
+}
+
+// lineSession returns a session of conversation "c" on a fresh store,
+// running no CLI, with policy, and the process whose stdout lines a test
+// hands to s.handle (what it writes to the CLI's stdin is in p.in);
+// onEvent, if not nil, gets every stored event.
+func lineSession(t *testing.T, policy string, onEvent func(contract.Event)) (*session, *process) {
+	t.Helper()
+	store, err := sessionstore.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _, err := store.OpenEventLog("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = log.Close() })
+	h := &Harness{store: store, log: slog.New(slog.DiscardHandler), cfg: Config{
+		PermissionPolicy: policy, PermissionTimeout: time.Hour, OnEvent: onEvent}}
+	s := &session{h: h, conv: "c", log: log, meta: &sessionstore.Meta{ConversationID: "c", UserID: "u"}}
+	p := &process{in: make(chan []byte, 64), done: make(chan struct{})}
+	s.proc = p
+	return s, p
 }
 
 // brief is an event as these tests compare it: its type, the call it is
