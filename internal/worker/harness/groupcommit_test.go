@@ -2,8 +2,11 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,29 +133,88 @@ func TestKeptEventsAreStoredOnlyWhileOwned(t *testing.T) {
 
 // TestAnAllowedToolRunsWithItsCallStored: while the reader keeps events
 // for a later sync, a tool call it lets run (the answer to can_use_tool
-// under the allow policy) first stores what the CLI said before, and its
-// tool_use is stored at once: a crash never leaves a tool that ran
-// without its call on record longer than a sync.
+// under the allow policy) is stored, with what the CLI said before it,
+// before the answer reaches the CLI: a crash never leaves a tool that ran
+// without its call on record.
 func TestAnAllowedToolRunsWithItsCallStored(t *testing.T) {
+	lines := subagentLines(t)
+	t.Run("call printed first", func(t *testing.T) { allowedToolsStored(t, lines) })
+	t.Run("permission asked first", func(t *testing.T) { allowedToolsStored(t, askedFirst(t, lines)) })
+}
+
+func allowedToolsStored(t *testing.T, lines [][]byte) {
 	s, p := lineSession(t, PolicyAllow, nil)
-	log := s.log
-	kept, answers := false, 0
-	for _, l := range subagentLines(t) {
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	var answering string // the tool_use_id whose answer is being written
+	var storedAtAnswer []bool
+	p.stdin = writeWatcher{f: devNull, onWrite: func() {
+		if answering == "" {
+			return
+		}
+		evs, err := s.log.Since(0, 1000)
+		if err != nil {
+			t.Error(err)
+		}
+		stored := false
+		for _, ev := range evs {
+			stored = stored || ev.Type == contract.EventToolUse && strings.Contains(string(ev.Data), answering)
+		}
+		storedAtAnswer = append(storedAtAnswer, stored)
+	}}
+	kept := false
+	for _, l := range lines {
 		m, err := streamjson.Parse(l)
 		if err != nil {
 			t.Fatal(err)
 		}
+		c, asks := m.(*streamjson.ControlRequest)
+		if asks = asks && c.Subtype() == "can_use_tool"; asks {
+			var req struct {
+				ToolUseID string `json:"tool_use_id"`
+			}
+			if err := json.Unmarshal(c.Request, &req); err != nil || req.ToolUseID == "" {
+				t.Fatalf("can_use_tool without a tool_use_id: %s", c.Request)
+			}
+			answering = req.ToolUseID
+		}
 		s.handle(p, m, true) // the next line always at hand
-		if c, ok := m.(*streamjson.ControlRequest); ok && c.Subtype() == "can_use_tool" {
-			answers++
-			if n := log.Pending(); n != 0 {
+		answering = ""
+		if asks {
+			if n := s.log.Pending(); n != 0 {
 				t.Errorf("after letting a tool run: %d events not stored", n)
 			}
-		} else if log.Pending() > 0 {
+		} else if s.log.Pending() > 0 {
 			kept = true
 		}
 	}
-	if answers == 0 || !kept {
-		t.Fatalf("the lines let %d tools run and kept events %v: the test sees nothing", answers, kept)
+	if len(storedAtAnswer) == 0 || !kept {
+		t.Fatalf("the lines let %d tools run and kept events %v: the test sees nothing", len(storedAtAnswer), kept)
 	}
+	for i, stored := range storedAtAnswer {
+		if !stored {
+			t.Errorf("answer %d reached the CLI before its tool_use was stored", i)
+		}
+	}
+}
+
+// writeWatcher is a CLI stdin (a syscall.RawConn) that calls onWrite
+// before each write, and writes to f.
+type writeWatcher struct {
+	f       *os.File
+	onWrite func()
+}
+
+func (w writeWatcher) Control(fn func(fd uintptr)) error { fn(w.f.Fd()); return nil }
+func (w writeWatcher) Read(fn func(fd uintptr) bool) error {
+	fn(w.f.Fd())
+	return nil
+}
+func (w writeWatcher) Write(fn func(fd uintptr) bool) error {
+	w.onWrite()
+	fn(w.f.Fd())
+	return nil
 }

@@ -437,20 +437,17 @@ func (s *session) handle(p *process, m streamjson.Message, more bool) {
 		case s.mcpControlLocked(p, m):
 		case m.Subtype() == "can_use_tool":
 			ask := s.h.cfg.PermissionPolicy == PolicyAsk
-			if !ask {
-				// Allowed without asking: the tool runs while its call is
-				// stored (its result is stored after it either way). What
-				// the CLI said before is stored before the tool runs.
-				s.commitLocked()
-				p.send(answerControl(m))
-			}
 			// The client sees the call before any request about it.
 			if u, ok := s.calls.asked(m); ok {
 				s.emitLocked(contract.EventToolUse, u)
-				s.commitLocked() // a tool that runs is on record at once
 			}
 			if ask {
 				s.askToUseToolLocked(p, m)
+			} else {
+				// Allowed without asking: the call, and what the CLI said
+				// before it, are stored before the tool runs.
+				s.commitLocked()
+				p.send(answerControl(m))
 			}
 		default:
 			p.send(answerControl(m))

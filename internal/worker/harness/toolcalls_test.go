@@ -134,6 +134,23 @@ func TestSubagentCallsTranslated(t *testing.T) {
 	}
 }
 
+// askedFirst returns subagentLines with the permission request moved
+// before the call's assistant line (right after task_started, line 2).
+func askedFirst(t *testing.T, lines [][]byte) [][]byte {
+	t.Helper()
+	var ask int
+	for i, l := range lines {
+		if bytes.Contains(l, []byte(`"type":"control_request"`)) {
+			ask = i
+		}
+	}
+	reordered := append(append(append([][]byte{}, lines[:3]...), lines[ask]), append(append([][]byte{}, lines[3:ask]...), lines[ask+1:]...)...)
+	if len(reordered) != len(lines) || !bytes.Contains(reordered[3], []byte("can_use_tool")) {
+		t.Fatalf("reordering went wrong: %d lines", len(reordered))
+	}
+	return reordered
+}
+
 // TestSubagentPermissionAskedBeforeItsAssistantLine: should the CLI ask
 // permission for a sub-agent's call before printing the call, the harness
 // announces the call (with its parent, known from task_started) from the
@@ -142,18 +159,7 @@ func TestSubagentCallsTranslated(t *testing.T) {
 // CLI is answered at once.
 func TestSubagentPermissionAskedBeforeItsAssistantLine(t *testing.T) {
 	lines := subagentLines(t)
-	var ask int
-	for i, l := range lines {
-		if bytes.Contains(l, []byte(`"type":"control_request"`)) {
-			ask = i
-		}
-	}
-	// task_started is line 2; the request moves right after it, before the
-	// sub-agent's prompt and its assistant line.
-	reordered := append(append(append([][]byte{}, lines[:3]...), lines[ask]), append(append([][]byte{}, lines[3:ask]...), lines[ask+1:]...)...)
-	if len(reordered) != len(lines) || !bytes.Contains(reordered[3], []byte("can_use_tool")) {
-		t.Fatalf("reordering went wrong: %d lines", len(reordered))
-	}
+	reordered := askedFirst(t, lines)
 
 	inOrder, _ := translate(t, PolicyAsk, lines)
 	early, _ := translate(t, PolicyAsk, reordered)
