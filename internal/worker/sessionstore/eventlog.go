@@ -214,13 +214,13 @@ func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 	if err != nil {
 		return contract.Event{}, err
 	}
-	return evs[0], nil
+	return evs[len(evs)-1], nil // after any Write kept before it
 }
 
 // AppendAll appends evs as Append does, in order under consecutive ids,
 // with one write and one sync. Events given to Write before are stored and
 // published with them, ahead of them. On an error none of them is stored or
-// published and no id is used; a crash during the write may keep a prefix
+// published (those given to Write are dropped too) and no id is used; a crash during the write may keep a prefix
 // of them (the torn record after it is cut when the log is next opened). It
 // returns the stored events, Write's first.
 func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
@@ -275,8 +275,17 @@ func (l *EventLog) Discard() []contract.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	evs := l.pending
-	l.pending, l.pendingBuf = nil, l.pendingBuf[:0]
+	l.resetPendingLocked()
 	return evs
+}
+
+// resetPendingLocked forgets what Write kept, keeping the encoding buffer
+// for the next events unless a burst made it large.
+func (l *EventLog) resetPendingLocked() {
+	l.pending, l.pendingBuf = nil, l.pendingBuf[:0]
+	if cap(l.pendingBuf) > maxKeptBuffer {
+		l.pendingBuf = nil
+	}
 }
 
 func (l *EventLog) writeLocked(evs []contract.Event) ([]contract.Event, error) {
@@ -309,10 +318,7 @@ func (l *EventLog) commitLocked() ([]contract.Event, error) {
 		return nil, nil
 	}
 	evs, b := l.pending, l.pendingBuf
-	l.pending, l.pendingBuf = nil, l.pendingBuf[:0]
-	if cap(l.pendingBuf) > maxKeptBuffer {
-		l.pendingBuf = nil
-	}
+	l.resetPendingLocked()
 	off, err := l.f.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return evs, fmt.Errorf("append event: %w", err)

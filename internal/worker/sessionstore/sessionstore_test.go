@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -386,6 +387,14 @@ func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
 		t.Fatalf("AppendAll after a Write: %+v, %v, last id %d", got, err, l.LastID())
 	}
 
+	// Append returns its own event, not one Write kept before it.
+	if _, err := l.Write([]contract.Event{newEvent(t, "kept")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := l.Append(newEvent(t, "mine")); err != nil || got.ID != 10 || !strings.Contains(string(got.Data), "mine") {
+		t.Fatalf("Append after a Write: id %d %s, %v; want id 10, its own", got.ID, got.Data, err)
+	}
+
 	// Close commits what is pending: a reopened log has it.
 	if _, err := l.Write([]contract.Event{newEvent(t, "f")}); err != nil {
 		t.Fatal(err)
@@ -398,7 +407,7 @@ func TestWrittenEventsWaitForTheirCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	if l2.LastID() != 9 || rep.TornBytes != 0 || rep.BadRecords != 0 {
-		t.Fatalf("reopened: last id %d, %+v; want 9, clean", l2.LastID(), rep)
+	if l2.LastID() != 11 || rep.TornBytes != 0 || rep.BadRecords != 0 {
+		t.Fatalf("reopened: last id %d, %+v; want 11, clean", l2.LastID(), rep)
 	}
 }
