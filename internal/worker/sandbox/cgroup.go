@@ -435,7 +435,6 @@ func readPids(dir string) []int {
 	return out
 }
 
-// keyed reads "key value" lines and returns the value of key, or 0.
 // keyedValue returns the value of key in b's "key value" lines, 0 when
 // it has none.
 func keyedValue(b []byte, key string) int64 {
@@ -455,6 +454,8 @@ func keyedValue(b []byte, key string) int64 {
 	return 0
 }
 
+// keyed reads the "key value" lines of the file at path and returns the
+// value of key, or 0.
 func keyed(path, key string) int64 {
 	b, err := os.ReadFile(path)
 	if err != nil {
