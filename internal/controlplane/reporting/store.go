@@ -82,16 +82,14 @@ type execer interface {
 // onceIn is once inside the caller's transaction tx, which it neither
 // commits nor rolls back. ErrKeyReused leaves tx usable; any other error
 // may not (PostgreSQL aborts a transaction at a failed statement).
-func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash string, apply func(ex execer) (any, error)) (_ json.RawMessage, _ bool, err error) {
+func (s *Store) onceIn(ctx context.Context, tx execer, sc Scope, key, kind, hash string, apply func(ex execer) (any, error)) (json.RawMessage, bool, error) {
 	q := s.db.Q
 	// A tool event, usage or activity report is answered with its key
 	// alone: its receipt is written whole at once, with no update after.
 	var known []byte
 	switch kind {
 	case contract.ReportKindToolEvent, contract.ReportKindUsage, contract.ReportKindActivity:
-		if known, err = json.Marshal(contract.ReportAck{IdempotencyKey: key}); err != nil {
-			return nil, false, fmt.Errorf("store %s report: %w", kind, err)
-		}
+		known, _ = json.Marshal(contract.ReportAck{IdempotencyKey: key}) // a struct of strings: cannot fail
 	}
 	// Concurrent deliveries of one key: on PostgreSQL the second INSERT
 	// waits for the first transaction and then inserts nothing; SQLite
