@@ -220,9 +220,10 @@ func (l *EventLog) Append(ev contract.Event) (contract.Event, error) {
 // AppendAll appends evs as Append does, in order under consecutive ids,
 // with one write and one sync. Events given to Write before are stored and
 // published with them, ahead of them. On an error none of them is stored or
-// published (those given to Write are dropped too) and no id is used; a crash during the write may keep a prefix
-// of them (the torn record after it is cut when the log is next opened). It
-// returns the stored events, Write's first.
+// published (those given to Write are dropped too) and no id is used; a
+// crash during the write may keep a prefix of them (the torn record after
+// it is cut when the log is next opened). It returns the stored events,
+// Write's first.
 func (l *EventLog) AppendAll(evs []contract.Event) ([]contract.Event, error) {
 	if len(evs) == 0 {
 		return nil, nil
