@@ -31,9 +31,8 @@ func buildStandin(t *testing.T) string {
 // TestLinesWrittenTogetherShareASync: when the agent's lines pile up in
 // its pipe (here 40 assistant lines and the result in one write), the
 // worker stores them with a few syncs, not one each, and every event
-// still arrives, in order, under consecutive ids, each published only once
-// stored. A line alone is still synced before the worker waits for the
-// next (the turn's first line, system/init, is written alone).
+// still arrives, in order, under consecutive ids. (That none is shown
+// before its sync is TestWrittenEventsWaitForTheirCommit's.)
 func TestLinesWrittenTogetherShareASync(t *testing.T) {
 	r := startRig(t, rigOptions{noJail: true, claudeBin: buildStandin(t)})
 	reg := prometheus.NewRegistry()
