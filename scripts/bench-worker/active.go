@@ -43,6 +43,11 @@ type activeResult struct {
 // reads.
 type latencySplit struct{ toWorker, after latencies }
 
+// latenciesOf returns the p50, p99 and count of d.
+func latenciesOf(d []time.Duration) latencies {
+	return latencies{p50: pct(d, 50), p99: pct(d, 99), n: len(d)}
+}
+
 // cpuPerEvent is d per event of l, in microseconds.
 func cpuPerEvent(d time.Duration, l latencies) float64 {
 	if l.events == 0 {
@@ -149,7 +154,7 @@ func rounds(o options, onMeasure func(), turn func(i int) ([]time.Duration, int,
 	if firstErr != nil {
 		return l, firstErr
 	}
-	l.p50, l.p99, l.n = pct(all, 50), pct(all, 99), len(all)
+	l = latenciesOf(all)
 	l.perSecond = float64(events) / time.Since(t0).Seconds()
 	l.events = events
 	return l, nil
@@ -325,8 +330,7 @@ func activePlatform(o options, p *platform, script, pprofAddr string, sp *latenc
 	})
 	w1, _ := readProc(p.w.pid())
 	b1, _ := readProc(os.Getpid())
-	sp.toWorker = latencies{p50: pct(split.toWorker, 50), p99: pct(split.toWorker, 99), n: len(split.toWorker)}
-	sp.after = latencies{p50: pct(split.after, 50), p99: pct(split.after, 99), n: len(split.after)}
+	sp.toWorker, sp.after = latenciesOf(split.toWorker), latenciesOf(split.after)
 	if prof != nil {
 		if perr := prof(); perr != nil {
 			fmt.Printf("# pprof: %v\n", perr)
